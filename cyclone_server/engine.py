@@ -1,0 +1,319 @@
+"""The engine: Cyclone's state machine as Python calls, one transaction per transition.
+
+The rules themselves live in the SQL functions (sql/functions); this module converts
+arguments and results, checks input that the database should never see, and maps the
+functions' errors to CycloneError. It is the only module of the server that talks to
+Postgres.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from . import definitions
+from .errors import SQLSTATE_ERRORS, CycloneError, InvalidArgument, NotFound
+from .queries import Q
+
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
+RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Result:
+    """One worker result for `Engine.apply_results`."""
+
+    step_id: str
+    generation: int
+    outcome: str  # "completed" | "failed" | "snoozed"
+    output: Any = None
+    message: str = ""
+    permanent: bool = False
+    retry_delay: float | None = None  # seconds
+    delay: float | None = None  # seconds, snooze
+
+    def as_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step_id": self.step_id, "generation": self.generation, "outcome": self.outcome}
+        if self.outcome == "completed":
+            d["output"] = self.output
+        elif self.outcome == "failed":
+            d["message"] = self.message
+            d["permanent"] = self.permanent
+            if self.retry_delay is not None:
+                d["retry_delay_ms"] = self.retry_delay * 1000
+        elif self.outcome == "snoozed":
+            d["delay_ms"] = (self.delay or 0) * 1000
+        return d
+
+
+def parse_id(value: str, field: str) -> uuid.UUID:
+    """A run or step id from the wire; a malformed one is INVALID_ARGUMENT naming the field."""
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidArgument(f"{field}: {value!r} is not a valid id") from None
+
+
+def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    size = len(json.dumps(value, separators=(",", ":")).encode())
+    if size > limit:
+        raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
+
+
+def request_hash(*fields: Any) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _translate(e: psycopg.Error) -> Exception:
+    cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
+    if cls is not None:
+        return cls(e.diag.message_primary or str(e))
+    return e
+
+
+def _seconds(td: float | timedelta | None) -> timedelta | None:
+    if td is None:
+        return None
+    return td if isinstance(td, timedelta) else timedelta(seconds=td)
+
+
+class Engine:
+    """Every transition of the lifecycle document, over a connection pool.
+
+    Example::
+
+        engine = await Engine.open("postgresql://localhost/cyclone")
+        run_id, _ = await engine.submit_run("etl", input={"day": "2026-12-01"})
+        leases = await engine.claim("worker-1", ["extract"], limit=10)
+    """
+
+    def __init__(self, pool: AsyncConnectionPool, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+        self.pool = pool
+        self.max_payload_bytes = max_payload_bytes
+
+    @classmethod
+    async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, **kw: Any) -> Engine:
+        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
+                                   kwargs={"autocommit": True, "row_factory": dict_row})
+        await pool.open(wait=True, timeout=30)
+        return cls(pool, **kw)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        try:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(Q[query], params)
+                return await cur.fetchall() if cur.description else []
+        except psycopg.Error as e:
+            raise _translate(e) from e
+
+    async def _one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
+        rows = await self._all(query, **params)
+        return rows[0] if rows else None
+
+    # -- workflows -------------------------------------------------------------------
+
+    async def register_workflow(self, name: str, nodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Validate and store a definition; returns {name, version, created, created_at, nodes}."""
+        definitions.validate_name(name)
+        normalized = definitions.normalize_nodes(nodes)
+        row = await self._one("workflow_register", name=name, definition=Jsonb({"nodes": normalized}))
+        assert row is not None
+        return {"name": name, "nodes": normalized, **row}
+
+    async def get_workflow(self, name: str, version: int = 0) -> dict[str, Any]:
+        row = await self._one("workflow_get", name=name, version=version or 0)
+        if row is None:
+            raise NotFound(f'workflow "{name}" ' + (f"has no version {version}" if version else "is not registered"))
+        return row
+
+    async def list_workflows(self, prefix: str = "", all_versions: bool = False) -> list[dict[str, Any]]:
+        return await self._all("workflow_list", prefix=prefix.replace("%", r"\%").replace("_", r"\_"),
+                               all_versions=all_versions)
+
+    # -- runs begin ----------------------------------------------------------------------
+
+    async def submit_run(self, workflow: str, *, version: int = 0, input: Any = None, priority: int = 0,
+                         idempotency_key: str | None = None, deadline: datetime | None = None,
+                         request_fingerprint: Any = None) -> tuple[str, bool]:
+        """Start a run of a registered workflow; returns (run_id, created).
+
+        `request_fingerprint` identifies the request for the idempotency check (defaults to
+        the arguments themselves); a repeat with the same key and fingerprint returns the
+        existing run, a different request with the same key is ALREADY_EXISTS.
+        """
+        definitions.validate_name(workflow, "workflow")
+        check_payload(input, "input", self.max_payload_bytes)
+        fp = request_fingerprint if request_fingerprint is not None else (workflow, version, input, priority, deadline)
+        row = await self._one("run_submit", workflow=workflow, version=version, input=Jsonb(input),
+                              priority=priority, idempotency_key=idempotency_key or None,
+                              request_hash=request_hash("run", fp), deadline=deadline)
+        assert row is not None
+        return str(row["run_id"]), row["created"]
+
+    async def enqueue(self, kind: str, *, input: Any = None, priority: int = 0, idempotency_key: str | None = None,
+                      deadline: datetime | None = None, scheduled_at: datetime | None = None,
+                      options: Mapping[str, Any] | None = None,
+                      request_fingerprint: Any = None) -> tuple[str, str, bool]:
+        """A standalone job: a one-node run; returns (run_id, step_id, created)."""
+        node = definitions.normalize_job(kind, options or {})
+        check_payload(input, "input", self.max_payload_bytes)
+        fp = request_fingerprint if request_fingerprint is not None else (
+            kind, input, priority, deadline, scheduled_at, dict(options or {}))
+        row = await self._one("job_enqueue", node=Jsonb(node), input=Jsonb(input), priority=priority,
+                              idempotency_key=idempotency_key or None, request_hash=request_hash("job", fp),
+                              deadline=deadline, scheduled_at=scheduled_at)
+        assert row is not None
+        return str(row["run_id"]), str(row["step_id"]), row["created"]
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def claim(self, owner: str, kinds: Sequence[str], limit: int, lease_ttl: float) -> list[dict[str, Any]]:
+        """available -> running for up to `limit` steps of `kinds`, priority then FIFO."""
+        if limit <= 0 or not kinds:
+            return []
+        return await self._all("steps_claim", owner=owner, kinds=list(kinds), limit=limit,
+                               lease_ttl=_seconds(lease_ttl))
+
+    async def apply_results(self, results: Sequence[Result]) -> list[tuple[str, int, str]]:
+        """Apply many results in one transaction; returns (step_id, generation, status) each.
+
+        A result whose run another transaction holds is applied again, alone, so the batch
+        never waits on two runs at once.
+        """
+        out: dict[tuple[str, int], str] = {}
+        for r in results:
+            parse_id(r.step_id, "step_id")
+        pending = list(results)
+        while pending:  # each call applies at least the results of the first run it locks
+            rows = await self._all("results_apply", results=Jsonb([r.as_json() for r in pending]),
+                                   max_output_bytes=self.max_payload_bytes)
+            busy = []
+            for status, r in zip(_match(rows, pending), pending):
+                if status == "busy":
+                    busy.append(r)
+                else:
+                    out[(r.step_id, r.generation)] = status
+            pending = busy
+        return [(r.step_id, r.generation, out[(r.step_id, r.generation)]) for r in results]
+
+    async def complete(self, step_id: str, generation: int, output: Any) -> str:
+        row = await self._one("step_complete", step_id=parse_id(step_id, "step_id"), generation=generation,
+                              output=Jsonb(output), max_output_bytes=self.max_payload_bytes)
+        return row["status"]  # type: ignore[index]
+
+    async def fail(self, step_id: str, generation: int, message: str, *, permanent: bool = False,
+                   retry_delay: float | None = None) -> str:
+        row = await self._one("step_fail", step_id=parse_id(step_id, "step_id"), generation=generation,
+                              message=message, permanent=permanent, retry_delay=_seconds(retry_delay))
+        return row["status"]  # type: ignore[index]
+
+    async def snooze(self, step_id: str, generation: int, delay: float) -> str:
+        row = await self._one("step_snooze", step_id=parse_id(step_id, "step_id"), generation=generation,
+                              delay=_seconds(delay))
+        return row["status"]  # type: ignore[index]
+
+    async def renew(self, owner: str, leases: Sequence[tuple[str, int]], lease_ttl: float) -> list[tuple[str, int]]:
+        """Extend `owner`'s leases in one statement; returns the (step_id, generation) lost."""
+        if not leases:
+            return []
+        rows = await self._all("leases_renew", owner=owner, step_ids=[parse_id(s, "step_id") for s, _ in leases],
+                               generations=[g for _, g in leases], lease_ttl=_seconds(lease_ttl))
+        return [(str(r["step_id"]), r["lease_generation"]) for r in rows]
+
+    async def sweep(self, limit: int = 500) -> dict[str, int]:
+        """One pass of the recovery sweep and the wait scanners, each its own transaction."""
+        counts: dict[str, int] = {}
+        for name in ("leases_sweep", "attempts_timeout", "deadlines_expire", "waits_expire",
+                     "timers_fire", "children_settle"):
+            counts[name] = len(await self._all(name, limit=limit))
+        return counts
+
+    # -- run actions ---------------------------------------------------------------------
+
+    async def cancel_run(self, run_id: str) -> bool:
+        return (await self._one("run_cancel", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
+
+    async def pause_run(self, run_id: str) -> bool:
+        return (await self._one("run_pause", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
+
+    async def resume_run(self, run_id: str) -> bool:
+        return (await self._one("run_resume", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
+
+    async def retry(self, run_id: str, node: str | None = None, *, deadline: datetime | None = None) -> bool:
+        """Reopen one discarded node (`node`) or all of them (`node=None`)."""
+        if node is not None and not definitions.NODE_ID.match(node):
+            raise InvalidArgument(f"node: {node!r} is not a valid node id")
+        row = await self._one("run_retry", run_id=parse_id(run_id, "run_id"), node=node, deadline=deadline)
+        return row["applied"]  # type: ignore[index]
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> tuple[str, str | None]:
+        """Write a signal to the run's mailbox; returns (signal_id, consumed_by_step_id)."""
+        definitions.validate_name(name, "name")
+        check_payload(payload, "payload", self.max_payload_bytes)
+        row = await self._one("run_signal", run_id=parse_id(run_id, "run_id"), name=name, payload=Jsonb(payload))
+        assert row is not None
+        return str(row["signal_id"]), (str(row["consumed_by"]) if row["consumed_by"] else None)
+
+    async def purge(self, older_than: float | timedelta | None, limit: int = 1000) -> int:
+        """Delete at most `limit` terminal runs eligible for purge (see 60_retention.sql)."""
+        row = await self._one("runs_purge", age=_seconds(older_than), limit=limit)
+        return row["deleted"]  # type: ignore[index]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def get_run(self, run_id: str, *, steps: bool = True) -> dict[str, Any]:
+        rid = parse_id(run_id, "run_id")
+        row = await self._one("run_get", run_id=rid)
+        if row is None:
+            raise NotFound(f"run {run_id} not found")
+        if steps:
+            row["steps"] = await self._all("run_steps", run_id=rid)
+        return row
+
+    async def run_states(self, run_ids: Sequence[str]) -> dict[str, str]:
+        rows = await self._all("runs_states", run_ids=[uuid.UUID(r) for r in run_ids])
+        return {str(r["id"]): r["state"] for r in rows}
+
+    async def list_runs(self, *, states: Sequence[str] = (), workflow: str | None = None,
+                        created_after: datetime | None = None, created_before: datetime | None = None,
+                        limit: int = 100, after: tuple[datetime, str] | None = None,
+                        steps: bool = False) -> list[dict[str, Any]]:
+        for s in states:
+            if s not in RUN_STATES:
+                raise InvalidArgument(f"states: {s!r} is not a run state")
+        rows = await self._all("runs_list", states=list(states), workflow=workflow or None,
+                               created_after=created_after, created_before=created_before,
+                               after_created=after[0] if after else None,
+                               after_id=uuid.UUID(after[1]) if after else None, limit=limit)
+        if steps:
+            for row in rows:
+                row["steps"] = await self._all("run_steps", run_id=row["id"])
+        return rows
+
+    async def stats(self) -> list[dict[str, Any]]:
+        return await self._all("kinds_stats")
+
+
+def _match(rows: list[dict[str, Any]], pending: Sequence[Result]) -> list[str]:
+    """Statuses in the order of `pending` (the SQL function returns them by run)."""
+    by_key: dict[tuple[str, int], list[str]] = {}
+    for row in rows:
+        by_key.setdefault((str(row["step_id"]), row["lease_generation"]), []).append(row["status"])
+    return [by_key[(str(uuid.UUID(r.step_id)), r.generation)].pop(0) for r in pending]
+
+
+__all__ = ["Engine", "Result", "CycloneError", "TERMINAL_RUN_STATES", "parse_id", "check_payload"]

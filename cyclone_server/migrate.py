@@ -1,0 +1,92 @@
+"""Applies Cyclone's schema: numbered forward-only migrations, then the SQL functions."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+from .errors import MigrationError
+
+# Every migrator takes this advisory lock for the whole run, so servers that start at once
+# apply each file exactly once.
+_LOCK_KEY = 0x6379636C6F6E65  # "cyclone"
+
+_BOOKKEEPING = """
+CREATE TABLE IF NOT EXISTS cyclone_migrations (
+    name       text PRIMARY KEY,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+@dataclass(frozen=True)
+class SqlFile:
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def _files(folder: str) -> list[SqlFile]:
+    root = resources.files("cyclone_server").joinpath("sql", folder)
+    files = [SqlFile(p.name, p.read_text()) for p in root.iterdir() if p.name.endswith(".sql")]
+    return sorted(files, key=lambda f: f.name)
+
+
+def migrations() -> list[SqlFile]:
+    """The numbered migrations, in order. An applied one must never change."""
+    return _files("migrations")
+
+
+def functions() -> list[SqlFile]:
+    """The SQL functions of the state machine: re-applied whenever their text changes.
+
+    They are `CREATE OR REPLACE` definitions, so unlike migrations they are kept as the
+    one current source of each transition and re-run when edited.
+    """
+    return _files("functions")
+
+
+def migrate(conninfo: str) -> list[str]:
+    """Bring the database at `conninfo` up to date; return the names of the files applied."""
+    applied: list[str] = []
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
+        try:
+            conn.execute(_BOOKKEEPING)
+            done = dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
+            for f in migrations():
+                if f.name in done:
+                    if done[f.name] != f.checksum:
+                        raise MigrationError(
+                            f"migration {f.name} was edited after it was applied "
+                            "(migrations are forward-only: add a new numbered file instead)"
+                        )
+                    continue
+                _apply(conn, f, f.name)
+                applied.append(f.name)
+            for f in functions():
+                key = f"functions/{f.name}"
+                if done.get(key) == f.checksum:
+                    continue
+                _apply(conn, f, key)
+                applied.append(key)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    return applied
+
+
+def _apply(conn: psycopg.Connection, f: SqlFile, key: str) -> None:
+    with conn.transaction():
+        conn.execute(f.text.encode())  # no parameters: the file may hold many statements
+        conn.execute(
+            "INSERT INTO cyclone_migrations (name, checksum) VALUES (%s, %s) "
+            "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
+            (key, f.checksum),
+        )

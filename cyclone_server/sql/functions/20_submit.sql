@@ -1,0 +1,103 @@
+-- Workflow registration and the two ways a run begins: SubmitRun and Enqueue.
+
+-- Store a definition (already validated and defaulted by definitions.py) under a name. The
+-- same definition as the latest version is a no-op; a changed one becomes a new version.
+CREATE OR REPLACE FUNCTION cyclone_workflow_register(p_name text, p_definition jsonb)
+RETURNS TABLE (version integer, created boolean, created_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    latest cyclone_workflows;
+    missing record;
+BEGIN
+    -- One registration of a name at a time, so versions are dense and no-ops are exact.
+    PERFORM pg_advisory_xact_lock(hashtextextended('cyclone.workflow:' || p_name, 0));
+
+    SELECT n ->> 'id' AS node, n ->> 'workflow' AS workflow INTO missing
+      FROM jsonb_array_elements(p_definition -> 'nodes') n
+     WHERE n ->> 'type' = 'child'
+       AND NOT EXISTS (SELECT 1 FROM cyclone_workflows w WHERE w.name = n ->> 'workflow')
+     LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'nodes[%].workflow: child workflow "%" is not registered', missing.node, missing.workflow
+            USING ERRCODE = 'CY400';
+    END IF;
+
+    SELECT * INTO latest FROM cyclone_workflows w WHERE w.name = p_name ORDER BY w.version DESC LIMIT 1;
+    IF FOUND AND latest.definition = p_definition THEN
+        RETURN QUERY SELECT latest.version, false, latest.created_at;
+        RETURN;
+    END IF;
+    RETURN QUERY
+        INSERT INTO cyclone_workflows AS w (name, version, definition)
+        VALUES (p_name, COALESCE(latest.version, 0) + 1, p_definition)
+        RETURNING w.version, true, w.created_at;
+END $$;
+
+-- The (new) -> running transition of a run and (new) -> pending | available | waiting_* of
+-- its steps, in one transaction. With an idempotency key, a repeat of the same request
+-- (same p_request_hash) returns the existing run; a different request is refused.
+CREATE OR REPLACE FUNCTION cyclone__run_begin(
+    p_workflow text, p_version integer, p_nodes jsonb, p_input jsonb, p_priority integer,
+    p_idempotency_key text, p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz)
+RETURNS TABLE (run_id uuid, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    existing cyclone_runs;
+    r cyclone_runs;
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        -- Serialise requests with the same key; the loser sees the winner's committed run.
+        PERFORM pg_advisory_xact_lock(hashtextextended('cyclone.idempotency:' || p_idempotency_key, 0));
+        SELECT * INTO existing FROM cyclone_runs WHERE idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            IF existing.request_hash IS DISTINCT FROM p_request_hash THEN
+                RAISE EXCEPTION 'idempotency_key "%" was already used by a different request (run %)',
+                    p_idempotency_key, existing.id USING ERRCODE = 'CY410';
+            END IF;
+            RETURN QUERY SELECT existing.id, false;
+            RETURN;
+        END IF;
+    END IF;
+    r := cyclone__run_create(p_workflow, p_version, p_nodes, p_input, p_priority, p_idempotency_key,
+                             p_request_hash, p_deadline, p_scheduled_at, NULL, NULL, 0);
+    RETURN QUERY SELECT r.id, true;
+END $$;
+
+-- SubmitRun: a run of a registered workflow (p_version 0 or NULL: the latest version).
+CREATE OR REPLACE FUNCTION cyclone_run_submit(
+    p_workflow text, p_version integer, p_input jsonb, p_priority integer,
+    p_idempotency_key text, p_request_hash text, p_deadline timestamptz)
+RETURNS TABLE (run_id uuid, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    wf cyclone_workflows;
+BEGIN
+    SELECT * INTO wf FROM cyclone_workflows w
+     WHERE w.name = p_workflow AND (COALESCE(p_version, 0) = 0 OR w.version = p_version)
+     ORDER BY w.version DESC LIMIT 1;
+    IF NOT FOUND THEN
+        IF COALESCE(p_version, 0) = 0 THEN
+            RAISE EXCEPTION 'workflow "%" is not registered', p_workflow USING ERRCODE = 'CY404';
+        END IF;
+        RAISE EXCEPTION 'workflow "%" has no version %', p_workflow, p_version USING ERRCODE = 'CY404';
+    END IF;
+    RETURN QUERY SELECT * FROM cyclone__run_begin(wf.name, wf.version, wf.definition -> 'nodes', p_input,
+                                                  p_priority, p_idempotency_key, p_request_hash,
+                                                  p_deadline, NULL);
+END $$;
+
+-- Enqueue: a standalone job, that is a one-node run with no workflow. p_node is the
+-- defaulted definition of its single node.
+CREATE OR REPLACE FUNCTION cyclone_job_enqueue(
+    p_node jsonb, p_input jsonb, p_priority integer, p_idempotency_key text,
+    p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz)
+RETURNS TABLE (run_id uuid, step_id uuid, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    b record;
+BEGIN
+    SELECT * INTO b FROM cyclone__run_begin(NULL, NULL, jsonb_build_array(p_node), p_input, p_priority,
+                                            p_idempotency_key, p_request_hash, p_deadline,
+                                            p_scheduled_at);
+    RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
+END $$;

@@ -1,0 +1,345 @@
+-- The life of a task step under a lease: claim, complete, fail, snooze, renew, and the
+-- recovery sweep. Every result is fenced by (state = 'running', lease_generation).
+--
+-- Result statuses: 'applied' (and, more precisely, 'retried', 'discarded', 'snoozed',
+-- 'output_too_large'), or a refusal: 'stale' (another generation holds or held the step),
+-- 'ended' (the step already left running under this generation), 'unknown' (no such step),
+-- 'busy' (a batch could not lock the run without waiting: apply the result again alone).
+
+-- available -> running, for up to p_limit steps of the given kinds, priority then FIFO.
+-- The claim writes exactly what the document lists; the attempt does not change.
+CREATE OR REPLACE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
+                                               p_lease_ttl interval)
+RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer, attempt integer,
+               max_attempts integer, reclaims integer, lease_generation bigint,
+               lease_expiry timestamptz, attempt_deadline timestamptz, input jsonb, parents jsonb)
+LANGUAGE sql AS $$
+    WITH picked AS (
+        -- Per kind, so each kind's scan walks cyclone_steps_claim in order; the outer ORDER
+        -- BY merges them. Rows locked here and not claimed are released at commit.
+        SELECT c.id, c.priority, c.scheduled_at
+          FROM unnest(p_kinds) AS k (kind)
+         CROSS JOIN LATERAL (
+            SELECT s.id, s.priority, s.scheduled_at FROM cyclone_steps s
+             WHERE s.state = 'available' AND s.kind = k.kind AND s.scheduled_at <= now()
+             ORDER BY s.priority, s.scheduled_at, s.id
+             LIMIT p_limit
+               FOR UPDATE SKIP LOCKED) c
+         ORDER BY c.priority, c.scheduled_at, c.id
+         LIMIT p_limit
+    ), claimed AS (
+        UPDATE cyclone_steps s
+           SET state = 'running', lease_expiry = now() + p_lease_ttl, lease_owner = p_owner,
+               lease_generation = s.lease_generation + 1, started_at = now(),
+               attempt_deadline = now() + s.attempt_timeout
+          FROM picked
+         WHERE s.id = picked.id AND s.state = 'available'
+        RETURNING s.*
+    )
+    SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims,
+           c.lease_generation, c.lease_expiry, c.attempt_deadline, r.input,
+           COALESCE((SELECT jsonb_object_agg(p.node, p.output)
+                       FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                      WHERE d.step_id = c.id), '{}'::jsonb)
+      FROM claimed c JOIN cyclone_runs r ON r.id = c.run_id
+     ORDER BY c.priority, c.scheduled_at, c.id
+$$;
+
+-- running -> completed (the caller holds the run lock). The output is stored with the step;
+-- downstream steps whose last dep this was are promoted; the run completes when nothing
+-- non-terminal remains. An output over the size limit discards the step instead: nothing is
+-- ever stored truncated.
+CREATE OR REPLACE FUNCTION cyclone__step_complete(p_run_id uuid, p_step_id uuid, p_generation bigint,
+                                                  p_output jsonb, p_max_output_bytes integer)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    size integer;
+BEGIN
+    p_output := COALESCE(p_output, 'null'::jsonb);
+    size := octet_length(p_output::text);
+    IF size > p_max_output_bytes THEN
+        PERFORM 1 FROM cyclone_steps
+          WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN cyclone__refusal(p_step_id, p_generation);
+        END IF;
+        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'output_too_large',
+            format('output is %s bytes, over the limit of %s bytes', size, p_max_output_bytes));
+        RETURN 'output_too_large';
+    END IF;
+    UPDATE cyclone_steps
+       SET state = 'completed', output = p_output, finished_at = now()
+     WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation;
+    IF NOT FOUND THEN
+        RETURN cyclone__refusal(p_step_id, p_generation);
+    END IF;
+    PERFORM cyclone__after_complete(p_run_id, p_step_id);
+    RETURN 'applied';
+END $$;
+
+-- A failed execution (the caller holds the run lock and the step is running under the
+-- lease). Permanent, or the last attempt: discarded (permanent | max_attempts | timeout),
+-- attempt unchanged, then fail-fast. Otherwise attempt + 1 and back to available after the
+-- backoff (to paused in a paused run: available and then paused, in this transaction).
+CREATE OR REPLACE FUNCTION cyclone__step_failed(p_run_id uuid, p_step_id uuid, p_message text,
+                                                p_permanent boolean, p_retry_delay interval,
+                                                p_error_kind text)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    s cyclone_steps;
+    run_state text;
+BEGIN
+    SELECT * INTO s FROM cyclone_steps WHERE id = p_step_id;
+    IF p_permanent THEN
+        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', NULL, p_message);
+        RETURN 'discarded';
+    ELSIF s.attempt >= s.max_attempts THEN
+        PERFORM cyclone__step_discard(p_run_id, p_step_id,
+            CASE WHEN p_error_kind = 'timeout' THEN 'timeout' ELSE 'max_attempts' END, NULL, p_message);
+        RETURN 'discarded';
+    END IF;
+    SELECT state INTO run_state FROM cyclone_runs WHERE id = p_run_id;
+    UPDATE cyclone_steps
+       SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
+           errors = errors || jsonb_build_object('attempt', attempt, 'error_kind', p_error_kind,
+                                                 'message', p_message, 'at', now()),
+           scheduled_at = now() + COALESCE(p_retry_delay,
+                                           cyclone__backoff(backoff_initial, backoff_max, attempt)),
+           attempt = attempt + 1,
+           attempt_deadline = NULL
+     WHERE id = p_step_id;
+    IF run_state <> 'paused' THEN
+        PERFORM cyclone__notify_available();
+    END IF;
+    RETURN 'retried';
+END $$;
+
+-- running -> available after p_delay, attempt unchanged, snoozes + 1.
+CREATE OR REPLACE FUNCTION cyclone__step_snooze(p_run_id uuid, p_step_id uuid, p_generation bigint,
+                                                p_delay interval)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    run_state text;
+BEGIN
+    SELECT state INTO run_state FROM cyclone_runs WHERE id = p_run_id;
+    UPDATE cyclone_steps
+       SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
+           scheduled_at = now() + greatest(COALESCE(p_delay, interval '0'), interval '0'),
+           snoozes = snoozes + 1,
+           attempt_deadline = NULL
+     WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation;
+    IF NOT FOUND THEN
+        RETURN cyclone__refusal(p_step_id, p_generation);
+    END IF;
+    IF run_state <> 'paused' THEN
+        PERFORM cyclone__notify_available();
+    END IF;
+    RETURN 'snoozed';
+END $$;
+
+CREATE OR REPLACE FUNCTION cyclone__step_fail(p_run_id uuid, p_step_id uuid, p_generation bigint,
+                                              p_message text, p_permanent boolean,
+                                              p_retry_delay interval)
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM cyclone_steps
+      WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN cyclone__refusal(p_step_id, p_generation);
+    END IF;
+    RETURN cyclone__step_failed(p_run_id, p_step_id, COALESCE(p_message, ''), COALESCE(p_permanent, false),
+                                p_retry_delay, 'error');
+END $$;
+
+-- Public, one result each, for a worker's own transaction (CompletionTx) and for tests.
+-- Each locks the step's run first, then applies the fenced transition.
+CREATE OR REPLACE FUNCTION cyclone_step_complete(p_step_id uuid, p_generation bigint, p_output jsonb,
+                                                 p_max_output_bytes integer DEFAULT 1048576)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r cyclone_runs := cyclone__lock_run_of_step(p_step_id);
+BEGIN
+    IF r.id IS NULL THEN
+        RETURN 'unknown';
+    END IF;
+    RETURN cyclone__step_complete(r.id, p_step_id, p_generation, p_output, p_max_output_bytes);
+END $$;
+
+CREATE OR REPLACE FUNCTION cyclone_step_fail(p_step_id uuid, p_generation bigint, p_message text,
+                                             p_permanent boolean DEFAULT false,
+                                             p_retry_delay interval DEFAULT NULL)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r cyclone_runs := cyclone__lock_run_of_step(p_step_id);
+BEGIN
+    IF r.id IS NULL THEN
+        RETURN 'unknown';
+    END IF;
+    RETURN cyclone__step_fail(r.id, p_step_id, p_generation, p_message, p_permanent, p_retry_delay);
+END $$;
+
+CREATE OR REPLACE FUNCTION cyclone_step_snooze(p_step_id uuid, p_generation bigint, p_delay interval)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r cyclone_runs := cyclone__lock_run_of_step(p_step_id);
+BEGIN
+    IF r.id IS NULL THEN
+        RETURN 'unknown';
+    END IF;
+    RETURN cyclone__step_snooze(r.id, p_step_id, p_generation, p_delay);
+END $$;
+
+-- Many results in one transaction (group commit). p_results is a JSON array of
+-- {"step_id", "generation", "outcome": "completed"|"failed"|"snoozed", "output",
+--  "message", "permanent", "retry_delay_ms", "delay_ms"}.
+-- Runs are locked in id order; after the first, without waiting: a result whose run is
+-- busy comes back as 'busy' for the caller to apply again on its own.
+CREATE OR REPLACE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
+RETURNS TABLE (step_id uuid, lease_generation bigint, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    x record;
+    locked uuid;
+    first boolean := true;
+    busy uuid;
+BEGIN
+    FOR x IN
+        SELECT (e ->> 'step_id')::uuid AS sid, (e ->> 'generation')::bigint AS gen, e, s.run_id
+          FROM jsonb_array_elements(p_results) e
+          LEFT JOIN cyclone_steps s ON s.id = (e ->> 'step_id')::uuid
+         ORDER BY s.run_id NULLS FIRST
+    LOOP
+        step_id := x.sid;
+        lease_generation := x.gen;
+        IF x.run_id IS NULL THEN
+            status := 'unknown';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF x.run_id IS DISTINCT FROM locked THEN
+            IF first THEN
+                PERFORM 1 FROM cyclone_runs WHERE id = x.run_id FOR NO KEY UPDATE;
+            ELSE
+                PERFORM 1 FROM cyclone_runs WHERE id = x.run_id FOR NO KEY UPDATE SKIP LOCKED;
+            END IF;
+            first := false;
+            IF NOT FOUND THEN
+                busy := x.run_id;
+            ELSE
+                locked := x.run_id;
+            END IF;
+        END IF;
+        IF x.run_id = busy THEN
+            status := 'busy';
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        status := CASE x.e ->> 'outcome'
+            WHEN 'completed' THEN
+                cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes)
+            WHEN 'failed' THEN
+                cyclone__step_fail(x.run_id, x.sid, x.gen, x.e ->> 'message',
+                                   COALESCE((x.e ->> 'permanent')::boolean, false),
+                                   make_interval(secs => (x.e ->> 'retry_delay_ms')::float8 / 1000))
+            WHEN 'snoozed' THEN
+                cyclone__step_snooze(x.run_id, x.sid, x.gen,
+                                     make_interval(secs => COALESCE((x.e ->> 'delay_ms')::float8, 0) / 1000))
+            ELSE 'invalid' END;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- Extend the leases a worker holds, in one statement. Returns the leases that are lost: no
+-- longer running under that generation (cancelled, reclaimed, ended), so the worker is told
+-- to stop those handlers. Rows locked by a transition in progress are skipped this round.
+CREATE OR REPLACE FUNCTION cyclone_leases_renew(p_owner text, p_step_ids uuid[], p_generations bigint[],
+                                                p_lease_ttl interval)
+RETURNS TABLE (step_id uuid, lease_generation bigint)
+LANGUAGE sql AS $$
+    WITH held AS (
+        SELECT h.id, h.gen FROM unnest(p_step_ids, p_generations) AS h (id, gen)
+    ), renewable AS (
+        SELECT s.id FROM cyclone_steps s JOIN held h ON h.id = s.id
+         WHERE s.state = 'running' AND s.lease_generation = h.gen AND s.lease_owner = p_owner
+           FOR NO KEY UPDATE OF s SKIP LOCKED
+    ), renewed AS (
+        UPDATE cyclone_steps s SET lease_expiry = now() + p_lease_ttl
+          FROM renewable WHERE s.id = renewable.id
+        RETURNING s.id
+    )
+    SELECT h.id, h.gen FROM held h
+     WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                        WHERE s.id = h.id AND s.state = 'running' AND s.lease_generation = h.gen)
+$$;
+
+-- Recovery sweep: a running step whose lease expired goes back to available (same attempt,
+-- no backoff, reclaims + 1), or, when it was already reclaimed max_reclaims times, is
+-- discarded with error_kind reclaim_limit (then fail-fast applies). Safe with several
+-- servers sweeping at once: each step is guarded by its generation, each run is taken
+-- without waiting.
+CREATE OR REPLACE FUNCTION cyclone_leases_sweep(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    s cyclone_steps;
+    run_state text;
+BEGIN
+    FOR c IN
+        SELECT x.id, x.run_id, x.lease_generation AS gen FROM cyclone_steps x
+         WHERE x.state = 'running' AND x.lease_expiry < now()
+         ORDER BY x.run_id, x.id LIMIT p_limit
+    LOOP
+        SELECT r.state INTO run_state FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO s FROM cyclone_steps x
+         WHERE x.id = c.id AND x.state = 'running' AND x.lease_generation = c.gen AND x.lease_expiry < now()
+           FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        step_id := s.id;
+        IF s.reclaims >= s.max_reclaims THEN
+            PERFORM cyclone__step_discard(c.run_id, s.id, 'reclaim_limit', NULL,
+                format('lease of %s expired after %s reclaims', s.lease_owner, s.reclaims));
+            outcome := 'discarded';
+        ELSE
+            UPDATE cyclone_steps
+               SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
+                   reclaims = reclaims + 1, scheduled_at = now(),
+                   attempt_deadline = NULL
+             WHERE id = s.id;
+            IF run_state <> 'paused' THEN
+                PERFORM cyclone__notify_available();
+            END IF;
+            outcome := 'reclaimed';
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- A running step past its attempt timeout fails that attempt with error_kind 'timeout'
+-- (retryable; on the last attempt the step is discarded with error_kind 'timeout'). Its
+-- handler learns it at the next lease renewal.
+CREATE OR REPLACE FUNCTION cyclone_attempts_timeout(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT x.id, x.run_id, x.lease_generation AS gen, x.attempt_timeout FROM cyclone_steps x
+         WHERE x.state = 'running' AND x.attempt_deadline < now()
+         ORDER BY x.run_id, x.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM 1 FROM cyclone_steps x
+          WHERE x.id = c.id AND x.state = 'running' AND x.lease_generation = c.gen
+            AND x.attempt_deadline < now()
+            FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        step_id := c.id;
+        outcome := cyclone__step_failed(c.run_id, c.id, format('attempt timed out after %s', c.attempt_timeout),
+                                        false, NULL, 'timeout');
+        RETURN NEXT;
+    END LOOP;
+END $$;

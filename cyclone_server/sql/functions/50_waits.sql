@@ -1,0 +1,148 @@
+-- The wait scanners: timers that are due, max_wait limits, run deadlines, and child runs
+-- that ended. None of them reads a paused step or a paused run. Each takes the runs it
+-- changes without waiting (SKIP LOCKED), so several servers can scan at once; what a scan
+-- skips, the next one finds.
+
+-- End a waiting child node whose child run ended. The transaction that ended the child run
+-- did not touch the parent; this one (a later transaction) locks the parent run first.
+CREATE OR REPLACE FUNCTION cyclone__child_settle(p_run_id uuid, p_step_id uuid) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    cr cyclone_runs;
+BEGIN
+    SELECT c.* INTO cr FROM cyclone_steps s JOIN cyclone_runs c ON c.id = s.child_run_id
+     WHERE s.id = p_step_id AND s.state = 'waiting_child';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    ELSIF cr.state = 'completed' THEN
+        PERFORM cyclone__wait_complete(p_run_id, p_step_id, 'waiting_child', cr.result);
+        RETURN 'completed';
+    ELSIF cr.state = 'failed' THEN
+        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'child_failed',
+                                      format('child run %s failed', cr.id));
+        RETURN 'discarded';
+    ELSIF cr.state = 'cancelled' THEN
+        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'child_cancelled',
+                                      format('child run %s was cancelled', cr.id));
+        RETURN 'discarded';
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- waiting_child -> completed | discarded, for every child run that ended (also those whose
+-- parent's transaction never came, after a crash between the two commits).
+CREATE OR REPLACE FUNCTION cyclone_children_settle(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT s.id, s.run_id FROM cyclone_steps s JOIN cyclone_runs cr ON cr.id = s.child_run_id
+         WHERE s.state = 'waiting_child' AND cr.state IN ('completed', 'failed', 'cancelled')
+         ORDER BY s.run_id, s.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
+            FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        step_id := c.id;
+        outcome := cyclone__child_settle(c.run_id, c.id);
+        CONTINUE WHEN outcome IS NULL;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- waiting_timer -> completed when due, with {"fired_at": ...}.
+CREATE OR REPLACE FUNCTION cyclone_timers_fire(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT s.id, s.run_id FROM cyclone_steps s
+         WHERE s.state = 'waiting_timer' AND s.timer_at <= now()
+         ORDER BY s.run_id, s.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
+            FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                                   WHERE s.id = c.id AND s.state = 'waiting_timer' AND s.timer_at <= now());
+        step_id := c.id;
+        PERFORM cyclone__wait_complete(c.run_id, c.id, 'waiting_timer',
+                                       jsonb_build_object('fired_at', now()));
+        outcome := 'completed';
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- waiting_timer | waiting_signal | waiting_child -> discarded (permanent, reason max_wait)
+-- when the node's max_wait elapsed. A child node's child run is cancelled with it.
+CREATE OR REPLACE FUNCTION cyclone_waits_expire(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT s.id, s.run_id, s.node, s.max_wait FROM cyclone_steps s
+         WHERE s.state IN ('waiting_timer', 'waiting_signal', 'waiting_child') AND s.max_wait_at <= now()
+         ORDER BY s.run_id, s.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
+            FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                                   WHERE s.id = c.id AND s.max_wait_at <= now()
+                                     AND s.state IN ('waiting_timer', 'waiting_signal', 'waiting_child'));
+        PERFORM cyclone__run_cancel_tree(child_run_id, 'parent')
+           FROM cyclone_steps WHERE id = c.id AND child_run_id IS NOT NULL;
+        step_id := c.id;
+        outcome := cyclone__step_discard(c.run_id, c.id, 'permanent', 'max_wait',
+                                         format('node %s waited longer than max_wait %s', c.node, c.max_wait));
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- A running run past its deadline fails, whatever CancelBranch says: its waiting nodes are
+-- discarded (permanent, reason deadline) with their child runs, every other non-terminal
+-- step is cancelled. A paused run's deadline is stopped, so paused runs are not read.
+CREATE OR REPLACE FUNCTION cyclone_deadlines_expire(p_limit integer DEFAULT 500)
+RETURNS TABLE (run_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    w record;
+BEGIN
+    FOR c IN
+        SELECT r.id FROM cyclone_runs r
+         WHERE r.state = 'running' AND r.deadline_at <= now()
+         ORDER BY r.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.id AND r.state = 'running' AND r.deadline_at <= now()
+            FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        FOR w IN
+            UPDATE cyclone_steps
+               SET state = 'discarded', error_kind = 'permanent', reason = 'deadline',
+                   errors = errors || jsonb_build_object('attempt', attempt, 'error_kind', 'permanent',
+                                                         'reason', 'deadline',
+                                                         'message', 'the run deadline passed', 'at', now()),
+                   finished_at = now()
+             WHERE cyclone_steps.run_id = c.id
+               AND state IN ('waiting_timer', 'waiting_signal', 'waiting_child')
+            RETURNING child_run_id
+        LOOP
+            IF w.child_run_id IS NOT NULL THEN
+                PERFORM cyclone__run_cancel_tree(w.child_run_id, 'parent');
+            END IF;
+        END LOOP;
+        PERFORM cyclone__steps_cancel(c.id, NULL, 'deadline', NULL);
+        UPDATE cyclone_runs SET failed_by_deadline = true WHERE id = c.id;
+        PERFORM cyclone__run_end(c.id, 'failed');
+        run_id := c.id;
+        outcome := 'failed';
+        RETURN NEXT;
+    END LOOP;
+END $$;

@@ -1,0 +1,27 @@
+-- Retention and purge: terminal runs stay until they are eligible and something deletes them.
+--
+-- A terminal run (completed, failed, cancelled) is eligible p_age after it finished, or its
+-- own retention (the largest WithRetention of its nodes) after, when it has one. A paused run
+-- is not terminal and is never deleted. A terminal child run stays until its parent run
+-- completes or is deleted (deleting a run deletes its child runs, steps, edges and signals).
+
+-- Delete at most p_limit eligible runs. p_age NULL: only runs with a retention of their own.
+CREATE OR REPLACE FUNCTION cyclone_runs_purge(p_age interval, p_limit integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+BEGIN
+    WITH victims AS (
+        SELECT r.id FROM cyclone_runs r
+         WHERE r.state IN ('completed', 'failed', 'cancelled')
+           AND r.finished_at <= now() - COALESCE(r.retention, p_age)
+           AND (r.parent_run_id IS NULL
+                OR EXISTS (SELECT 1 FROM cyclone_runs p WHERE p.id = r.parent_run_id AND p.state = 'completed'))
+         ORDER BY r.finished_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM cyclone_runs r USING victims WHERE r.id = victims.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;

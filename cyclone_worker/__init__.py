@@ -1,0 +1,1 @@
+"""Cyclone's Python SDK: the worker runtime and the client."""

@@ -1,0 +1,127 @@
+"""The migration runner: each file applied exactly once, even by concurrent servers."""
+
+from __future__ import annotations
+
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from cyclone_server import migrate as migrate_module
+from cyclone_server.errors import MigrationError
+from cyclone_server.migrate import SqlFile, functions, migrate, migrations
+
+
+def expected_names() -> list[str]:
+    return [f.name for f in migrations()] + [f"functions/{f.name}" for f in functions()]
+
+
+def recorded(url: str) -> dict[str, str]:
+    with psycopg.connect(url) as conn:
+        return dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
+
+
+def migrate_concurrently(url: str, n: int = 2) -> list[list[str]]:
+    start = threading.Barrier(n)
+
+    def run() -> list[str]:
+        start.wait()
+        return migrate(url)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: run(), range(n)))
+
+
+@pytest.fixture
+def use_files(monkeypatch: pytest.MonkeyPatch):
+    """Makes the runner see the given migration and function files instead of the repo's."""
+
+    def use(migration_files: list[SqlFile], function_files: list[SqlFile] | tuple[()] = ()) -> None:
+        monkeypatch.setattr(migrate_module, "migrations", lambda: list(migration_files))
+        monkeypatch.setattr(migrate_module, "functions", lambda: list(function_files))
+
+    return use
+
+
+# Each fake file logs its own application, so a second run of it would show.
+_LOG = "CREATE TABLE applied_log (name text NOT NULL);"
+
+
+def fake(name: str, body: str = "") -> SqlFile:
+    return SqlFile(name, f"{body}\nINSERT INTO applied_log VALUES ('{name}');")
+
+
+def test_fresh_database_gets_every_file_once(empty_db_url: str) -> None:
+    applied = migrate(empty_db_url)
+
+    assert applied == expected_names()
+    assert sorted(recorded(empty_db_url)) == sorted(expected_names())
+
+
+def test_second_run_applies_nothing(empty_db_url: str) -> None:
+    migrate(empty_db_url)
+    before = recorded(empty_db_url)
+
+    assert migrate(empty_db_url) == []
+    assert recorded(empty_db_url) == before
+
+
+def test_concurrent_migrators_apply_each_file_once(empty_db_url: str) -> None:
+    results = migrate_concurrently(empty_db_url)
+
+    assert sorted(results[0] + results[1]) == sorted(expected_names())
+    with psycopg.connect(empty_db_url) as conn:
+        rows = conn.execute("SELECT count(*), count(DISTINCT name) FROM cyclone_migrations").fetchone()
+    assert rows == (len(expected_names()), len(expected_names()))
+
+
+def test_concurrent_migrators_run_each_file_once(empty_db_url: str, use_files) -> None:
+    # The slow first file keeps the first migrator inside its run while the second arrives.
+    files = [
+        fake("0001_log.sql", _LOG + " SELECT pg_sleep(0.3);"),
+        fake("0002_table.sql", "CREATE TABLE t (id int);"),  # fails if run twice
+    ]
+    use_files(files, [fake("f.sql", "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1';")])
+
+    results = migrate_concurrently(empty_db_url)
+
+    assert sorted(results[0] + results[1]) == ["0001_log.sql", "0002_table.sql", "functions/f.sql"]
+    with psycopg.connect(empty_db_url) as conn:
+        log = conn.execute("SELECT name, count(*) FROM applied_log GROUP BY name ORDER BY name").fetchall()
+    assert log == [("0001_log.sql", 1), ("0002_table.sql", 1), ("f.sql", 1)]
+
+
+def test_edited_migration_is_refused(empty_db_url: str, use_files) -> None:
+    use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id int);")])
+    migrate(empty_db_url)
+    use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id bigint);")])
+
+    with pytest.raises(MigrationError, match=re.escape("0002_t.sql")):
+        migrate(empty_db_url)
+    assert recorded(empty_db_url)["0002_t.sql"] == fake("0002_t.sql", "CREATE TABLE t (id int);").checksum
+
+
+def test_edited_repo_migration_is_refused(empty_db_url: str, use_files) -> None:
+    real = migrations()
+    if not real:
+        pytest.skip("no migration files yet")
+    migrate(empty_db_url)
+    edited = SqlFile(real[0].name, real[0].text + "\n-- edited after it was applied\n")
+    use_files([edited, *real[1:]], functions())
+
+    with pytest.raises(MigrationError, match=re.escape(real[0].name)):
+        migrate(empty_db_url)
+
+
+def test_edited_function_file_is_applied_again(empty_db_url: str, use_files) -> None:
+    one = SqlFile("f.sql", "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1';")
+    two = SqlFile("f.sql", "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 2';")
+    use_files([], [one])
+    migrate(empty_db_url)
+    use_files([], [two])
+
+    assert migrate(empty_db_url) == ["functions/f.sql"]
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT f()").fetchone() == (2,)
