@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -14,6 +15,8 @@ KIND = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
 NODE_TYPES = ("task", "child", "sleep", "signal")
 ON_DEP_FAILURE = ("fail_run", "cancel_branch")
 MAX_NODES = 10_000
+# Durations become Postgres intervals added to now(): keep them finite and far from overflow.
+MAX_SECONDS = 100 * 365.25 * 86400
 
 # DECISIONS section 3: the defaults of every node option. Durations are in seconds.
 DEFAULTS: dict[str, Any] = {
@@ -51,6 +54,8 @@ def normalize_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Each error is an InvalidArgument that names the node (``nodes[i] (id "x")``) and the
     problem: malformed or duplicate ids, unknown deps, cycles, bad options.
     """
+    if isinstance(nodes, str | bytes | Mapping) or not isinstance(nodes, Iterable):
+        raise InvalidArgument(f"nodes: must be a list of node objects, got {type(nodes).__name__}")
     raw = list(nodes)
     if not raw:
         raise InvalidArgument("nodes: a workflow needs at least one node")
@@ -76,8 +81,10 @@ def normalize_job(kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _normalize_node(i: int, node: Mapping[str, Any], seen: dict[str, int]) -> dict[str, Any]:
-    node_id = node.get("id")
     where = f"nodes[{i}]"
+    if not isinstance(node, Mapping):
+        raise InvalidArgument(f"{where}: must be an object with an id, got {type(node).__name__}")
+    node_id = node.get("id")
     if not isinstance(node_id, str) or not NODE_ID.match(node_id):
         raise InvalidArgument(f"{where}: id: {node_id!r} is not a valid node id ([A-Za-z0-9_.-], 1 to 128 characters)")
     where = f'nodes[{i}] (id "{node_id}")'
@@ -93,7 +100,10 @@ def _normalize_node(i: int, node: Mapping[str, Any], seen: dict[str, int]) -> di
     n["type"] = node.get("type") or "task"
     if n["type"] not in NODE_TYPES:
         raise InvalidArgument(f"{where}: type: {n['type']!r} is not one of {', '.join(NODE_TYPES)}")
-    deps = list(node.get("deps") or [])
+    raw_deps = node.get("deps") or []
+    if isinstance(raw_deps, str | bytes | Mapping) or not isinstance(raw_deps, Iterable):
+        raise InvalidArgument(f"{where}: deps: must be a list of node ids, got {raw_deps!r}")
+    deps = list(raw_deps)
     for dep in deps:
         if not isinstance(dep, str):
             raise InvalidArgument(f"{where}: deps: {dep!r} is not a node id")
@@ -110,8 +120,11 @@ def _normalize_node(i: int, node: Mapping[str, Any], seen: dict[str, int]) -> di
         v = n[key]
         if v is None:
             return
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0 or (v == 0 and not zero_ok):
+        if (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0
+                or (v == 0 and not zero_ok)):
             raise InvalidArgument(f"{where}: {key}: must be a {'non-negative' if zero_ok else 'positive'} number, got {v!r}")
+        if v > MAX_SECONDS:
+            raise InvalidArgument(f"{where}: {key}: must be at most {MAX_SECONDS:.0f} seconds (100 years), got {v!r}")
         n[key] = float(v) if key not in ("max_attempts", "max_reclaims", "priority") else v
 
     for key in ("backoff_initial", "backoff_max", "attempt_timeout", "max_wait"):

@@ -242,6 +242,10 @@ class Engine:
             counts[name] = len(await self._all(name, limit=limit))
         return counts
 
+    async def settle_children(self, limit: int = 500) -> int:
+        """Only the children_settle scanner: end the nodes whose child runs ended; returns how many."""
+        return len(await self._all("children_settle", limit=limit))
+
     # -- run actions ---------------------------------------------------------------------
 
     async def cancel_run(self, run_id: str) -> bool:

@@ -1,1 +1,32 @@
-"""Cyclone's Python SDK: the worker runtime and the client."""
+"""Cyclone's Python SDK: the worker runtime, the workflow builder and the client.
+
+Example::
+
+    from cyclone_worker import Client, Context, Worker, Workflow
+
+    worker = Worker("127.0.0.1:7233")
+
+    @worker.handler("greet")
+    async def greet(ctx: Context) -> dict:
+        return {"greeting": f"hello {ctx.input['name']}"}
+
+    async with Client("127.0.0.1:7233") as client:
+        await client.register(Workflow("hello").task("greet"))
+        run_id = await client.submit("hello", {"name": "Ada"})
+"""
+
+from ._client import Client
+from ._context import CancelFlag, CompletionTx, Context
+from ._errors import (CycloneClientError, CycloneError, Fenced, HandlerError, Permanent, RetryAfter, RunCancelled,
+                      RunFailed, Snooze)
+from ._models import TERMINAL_RUN_STATES, KindStats, Run, Step, StepError, WorkflowInfo
+from ._worker import Handler, Reconnect, Worker
+from ._workflow import CancelBranch, FailRun, Workflow
+
+__all__ = [
+    "Worker", "Reconnect", "Handler", "Context", "CancelFlag", "CompletionTx",
+    "Workflow", "CancelBranch", "FailRun",
+    "Client", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "TERMINAL_RUN_STATES",
+    "CycloneError", "HandlerError", "Permanent", "RetryAfter", "Snooze", "Fenced", "CycloneClientError",
+    "RunFailed", "RunCancelled",
+]

@@ -24,10 +24,13 @@ BEGIN
     RETURN encode(b, 'hex')::uuid;
 END $$;
 
--- min(max, initial * 2^(attempt-1)) with +-10% jitter.
+-- min(max, initial * 2^(attempt-1)) with +-10% jitter. In seconds (float) until capped:
+-- initial * 2^40 as an interval overflows ("interval out of range") for initial >= ~2 h.
 CREATE OR REPLACE FUNCTION cyclone__backoff(p_initial interval, p_max interval, p_attempt integer)
 RETURNS interval LANGUAGE sql VOLATILE AS $$
-    SELECT least(p_max, p_initial * power(2, least(greatest(p_attempt - 1, 0), 40)))
+    SELECT make_interval(secs => least(extract(epoch FROM p_max)::float8,
+                                       extract(epoch FROM p_initial)::float8
+                                       * power(2::float8, least(greatest(p_attempt - 1, 0), 40))))
            * (0.9 + random() * 0.2)
 $$;
 
@@ -232,14 +235,19 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM cyclone_runs WHERE id = p_run_id AND state = 'running') THEN
         RETURN 0;
     END IF;
+    -- Two statements rather than one with "p_after IS NULL OR ...": a completion must start
+    -- from the dependents of its step (cyclone_step_deps_dep), never walk the whole run.
     FOR sid IN
-        SELECT s.id FROM cyclone_steps s
-         WHERE s.run_id = p_run_id AND s.state = 'pending'
-           AND (p_after IS NULL
-                OR s.id IN (SELECT d.step_id FROM cyclone_step_deps d WHERE d.dep_id = p_after))
+        SELECT s.id FROM cyclone_step_deps a JOIN cyclone_steps s ON s.id = a.step_id
+         WHERE p_after IS NOT NULL AND a.dep_id = p_after AND s.state = 'pending'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed')
-         ORDER BY s.id
+        UNION ALL
+        SELECT s.id FROM cyclone_steps s
+         WHERE p_after IS NULL AND s.run_id = p_run_id AND s.state = 'pending'
+           AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                            WHERE d.step_id = s.id AND p.state <> 'completed')
+         ORDER BY 1
     LOOP
         PERFORM cyclone__step_enter(p_run_id, sid);
         n := n + 1;

@@ -12,14 +12,16 @@ BEGIN
     -- One registration of a name at a time, so versions are dense and no-ops are exact.
     PERFORM pg_advisory_xact_lock(hashtextextended('cyclone.workflow:' || p_name, 0));
 
-    SELECT n ->> 'id' AS node, n ->> 'workflow' AS workflow INTO missing
-      FROM jsonb_array_elements(p_definition -> 'nodes') n
+    -- Named like definitions.py names a node: its index and its id.
+    SELECT ord - 1 AS idx, n ->> 'id' AS node, n ->> 'workflow' AS workflow INTO missing
+      FROM jsonb_array_elements(p_definition -> 'nodes') WITH ORDINALITY AS t (n, ord)
      WHERE n ->> 'type' = 'child'
        AND NOT EXISTS (SELECT 1 FROM cyclone_workflows w WHERE w.name = n ->> 'workflow')
+     ORDER BY ord
      LIMIT 1;
     IF FOUND THEN
-        RAISE EXCEPTION 'nodes[%].workflow: child workflow "%" is not registered', missing.node, missing.workflow
-            USING ERRCODE = 'CY400';
+        RAISE EXCEPTION 'nodes[%] (id "%"): workflow: child workflow "%" is not registered',
+            missing.idx, missing.node, missing.workflow USING ERRCODE = 'CY400';
     END IF;
 
     SELECT * INTO latest FROM cyclone_workflows w WHERE w.name = p_name ORDER BY w.version DESC LIMIT 1;

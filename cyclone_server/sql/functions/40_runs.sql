@@ -41,7 +41,9 @@ BEGIN
      WHERE run_id = r.id AND state IN ('available', 'waiting_signal', 'waiting_timer', 'waiting_child');
     UPDATE cyclone_runs
        SET state = 'paused', paused_at = now(), updated_at = now(),
-           deadline_left = greatest(deadline_at - now(), interval '0')
+           -- greatest() skips NULLs: without the CASE a run with no deadline would keep
+           -- 0 s left and fail by "deadline" at Resume.
+           deadline_left = CASE WHEN deadline_at IS NOT NULL THEN greatest(deadline_at - now(), interval '0') END
      WHERE id = r.id;
     RETURN true;
 END $$;
@@ -171,21 +173,39 @@ BEGIN
     ELSE
         -- Paused: a reopened task or wait whose deps are done waits in paused, with its full
         -- timers; a child node stays pending, and Resume promotes it.
-        UPDATE cyclone_steps s
+        UPDATE cyclone_steps st
            SET state = 'paused', scheduled_at = now(),
-               wait_started_at = CASE WHEN s.type <> 'task' THEN clock_timestamp() END,
-               timer_left = s.sleep_for, max_wait_left = s.max_wait
-         WHERE s.id = ANY (COALESCE(reopened, '{}')) AND s.type <> 'child'
+               wait_started_at = CASE WHEN st.type <> 'task' THEN clock_timestamp() END,
+               timer_left = st.sleep_for, max_wait_left = st.max_wait
+         WHERE st.id = ANY (COALESCE(reopened, '{}')) AND st.type <> 'child'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
-                            WHERE d.step_id = s.id AND p.state <> 'completed');
+                            WHERE d.step_id = st.id AND p.state <> 'completed');
     END IF;
     RETURN true;
 END $$;
 
+-- A child run may run again only while its parent node still waits for it: once that node
+-- ended (discarded, cancelled), the child run belongs to a closed node, and the Retry of that
+-- node is what reopens it (DECISIONS 3b). The parent run is locked first (lock order), so
+-- the parent's scanner cannot end the node between this check and the reopen.
 CREATE OR REPLACE FUNCTION cyclone_run_retry(p_run_id uuid, p_node text, p_deadline timestamptz DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    parent_id uuid := (SELECT parent_run_id FROM cyclone_runs WHERE id = p_run_id);
+    r cyclone_runs;
+    pn cyclone_steps;
 BEGIN
-    PERFORM cyclone__lock_run(p_run_id);
+    IF parent_id IS NOT NULL THEN
+        PERFORM 1 FROM cyclone_runs WHERE id = parent_id FOR NO KEY UPDATE;
+    END IF;
+    r := cyclone__lock_run(p_run_id);
+    IF parent_id IS NOT NULL AND r.state IN ('running', 'paused', 'failed') THEN
+        SELECT * INTO pn FROM cyclone_steps WHERE id = r.parent_step_id;
+        IF pn.child_run_id IS DISTINCT FROM r.id OR pn.state NOT IN ('waiting_child', 'paused') THEN
+            RAISE EXCEPTION 'run % is the child run of node "%" of run %, which is %: retry that node instead',
+                r.id, pn.node, parent_id, COALESCE(pn.state, 'deleted') USING ERRCODE = 'CY409';
+        END IF;
+    END IF;
     RETURN cyclone__run_reopen(p_run_id, p_node, p_deadline);
 END $$;
 

@@ -133,6 +133,10 @@ CREATE TABLE cyclone_steps (
     UNIQUE (run_id, node)
 );
 
+-- The non-terminal steps of a run: whether a run is finished (checked by every completion)
+-- and what Pause, Resume and Cancel move, without walking the run's terminal steps.
+CREATE INDEX cyclone_steps_active_run ON cyclone_steps (run_id)
+    WHERE state NOT IN ('completed', 'discarded', 'cancelled');
 -- Claims: per kind, priority then FIFO. Partial, so terminal rows cost it nothing.
 CREATE INDEX cyclone_steps_claim ON cyclone_steps (kind, priority, scheduled_at, id)
     WHERE state = 'available';

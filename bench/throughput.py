@@ -1,0 +1,217 @@
+"""End-to-end throughput and dispatch latency of Cyclone, against raw SQL doing the same row work.
+
+    .venv/bin/python bench/throughput.py [--jobs 5000] [--runs 300] [--workers 2] [--slots 64]
+
+Everything runs on this machine together: an embedded Postgres with durable commits
+(fsync and synchronous_commit on), one `cyclone-server`, Python SDK workers as separate
+processes with no-op handlers, and the load generator. It prints one table:
+
+- standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s;
+- DAG runs: SubmitRun of a 10-node workflow (fan-out / fan-in) -> every step done, steps/s;
+- dispatch latency p50 / p99: from the step becoming available (scheduled_at) to its
+  handler starting, measured with paced submissions (no backlog);
+- the baseline: the same row work (insert a run and its step, claim with FOR UPDATE SKIP
+  LOCKED, complete the step and the run, durable commits) as plain SQL from the same
+  number of connections, steps/s, and Cyclone's ratio to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from cyclone_server.embedded import start_embedded
+from cyclone_server.migrate import migrate
+from cyclone_worker import Client, Context, Worker, Workflow
+
+KIND = "noop"
+DAG = Workflow("bench_dag").task("root", kind=KIND)
+for _i in range(8):
+    DAG.task(f"mid{_i}", kind=KIND, deps=["root"])
+DAG.task("join", kind=KIND, deps=[f"mid{_i}" for _i in range(8)])
+
+
+def worker_main(address: str, slots: int) -> None:
+    worker = Worker(address, slots=slots)
+
+    @worker.handler(KIND)
+    async def noop(ctx: Context) -> dict:
+        return {"t": time.time()}
+
+    worker.run_sync()
+
+
+def start_server(url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    ready = workdir / "ready.json"
+    proc = subprocess.Popen([sys.executable, "-m", "cyclone_server", "--database-url", url,
+                             "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING"])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("cyclone-server did not start")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text())["address"]
+
+
+async def wait_all_done(url: str, total_steps: int, timeout: float = 600) -> float:
+    """Poll until `total_steps` steps are completed; returns the monotonic time it happened."""
+    deadline = time.monotonic() + timeout
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = await (await conn.execute("SELECT count(*) FROM cyclone_steps WHERE state = 'completed'")).fetchone()
+            if row[0] >= total_steps:
+                return time.monotonic()
+            await asyncio.sleep(0.02)
+    raise SystemExit(f"timed out waiting for {total_steps} completed steps")
+
+
+async def submit_concurrently(coros: list, concurrency: int = 64) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(c):
+        async with sem:
+            await c
+
+    await asyncio.gather(*(one(c) for c in coros))
+
+
+async def bench_cyclone(url: str, address: str, jobs: int, runs: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    async with Client(address) as client:
+        await client.register(DAG)
+        t0 = time.monotonic()
+        await submit_concurrently([client.enqueue(KIND, {"i": i}) for i in range(jobs)])
+        out["jobs_steps_per_s"] = jobs / (await wait_all_done(url, jobs) - t0)
+
+        t0 = time.monotonic()
+        await submit_concurrently([client.submit("bench_dag", {"i": i}) for i in range(runs)])
+        steps = runs * 10  # root, 8 in the middle, join
+        out["dag_steps_per_s"] = steps / (await wait_all_done(url, jobs + steps) - t0)
+
+        # Latency, paced: 200 jobs at about 100/s, so nothing queues behind a backlog.
+        for i in range(200):
+            await client.enqueue(KIND, {"latency": i})
+            await asyncio.sleep(0.01)
+        await wait_all_done(url, jobs + steps + 200)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        rows = await (await conn.execute(
+            "SELECT (s.output ->> 't')::float8 - extract(epoch FROM s.scheduled_at) "
+            "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE r.input ? 'latency'")).fetchall()
+    lat = sorted(r[0] for r in rows)
+    out["latency_p50_ms"] = statistics.median(lat) * 1000
+    out["latency_p99_ms"] = lat[int(len(lat) * 0.99) - 1] * 1000
+    return out
+
+
+BASELINE_SCHEMA = """
+CREATE TABLE raw_runs (id bigserial PRIMARY KEY, state text NOT NULL, input jsonb, result jsonb);
+CREATE TABLE raw_steps (id bigserial PRIMARY KEY, run_id bigint NOT NULL REFERENCES raw_runs,
+    state text NOT NULL, kind text NOT NULL, priority int NOT NULL DEFAULT 0,
+    scheduled_at timestamptz NOT NULL DEFAULT now(), lease_owner text, lease_expiry timestamptz,
+    lease_generation bigint NOT NULL DEFAULT 0, started_at timestamptz, output jsonb);
+CREATE INDEX ON raw_steps (kind, priority, scheduled_at, id) WHERE state = 'available';
+"""
+
+
+async def bench_raw(url: str, jobs: int, connections: int) -> float:
+    """The same row work as a standalone job, in plain SQL, from `connections` connections."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(BASELINE_SCHEMA)
+
+    async def producer(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            for i in range(n):
+                await conn.execute(
+                    "WITH r AS (INSERT INTO raw_runs (state, input) VALUES ('running', %s) RETURNING id) "
+                    "INSERT INTO raw_steps (run_id, state, kind) SELECT id, 'available', %s FROM r",
+                    (json.dumps({"i": i}), KIND))
+
+    async def consumer(done: list[int]) -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            while done[0] < jobs:
+                cur = await conn.execute(
+                    "WITH c AS (SELECT id FROM raw_steps WHERE state = 'available' AND kind = %s "
+                    "AND scheduled_at <= now() ORDER BY priority, scheduled_at, id LIMIT 32 FOR UPDATE SKIP LOCKED) "
+                    "UPDATE raw_steps s SET state = 'running', lease_owner = 'w', lease_expiry = now() + interval '30s', "
+                    "lease_generation = lease_generation + 1, started_at = now() FROM c WHERE s.id = c.id "
+                    "RETURNING s.id, s.run_id, s.lease_generation", (KIND,))
+                claimed = await cur.fetchall()
+                if not claimed:
+                    await asyncio.sleep(0.005)
+                    continue
+                async with conn.transaction():
+                    for sid, rid, gen in claimed:
+                        await conn.execute("SELECT 1 FROM raw_runs WHERE id = %s FOR NO KEY UPDATE", (rid,))
+                        await conn.execute("UPDATE raw_steps SET state = 'completed', output = '{}' "
+                                           "WHERE id = %s AND state = 'running' AND lease_generation = %s", (sid, gen))
+                        await conn.execute("UPDATE raw_runs SET state = 'completed', result = '{}' WHERE id = %s", (rid,))
+                done[0] += len(claimed)
+
+    done = [0]
+    t0 = time.monotonic()
+    per = jobs // 8
+    await asyncio.gather(*(producer(per) for _ in range(8)), *(consumer(done) for _ in range(connections)))
+    return (per * 8) / (time.monotonic() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=64)
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="cyclone-bench-") as tmp:
+        pg = start_embedded(Path(tmp) / "pg")  # durable: the default
+        try:
+            admin = pg.url("postgres")
+            with psycopg.connect(admin, autocommit=True) as c:
+                c.execute("CREATE DATABASE bench_cyclone")
+                c.execute("CREATE DATABASE bench_raw")
+            url = pg.url("bench_cyclone")
+            migrate(url)
+            server, address = start_server(url, Path(tmp))
+            ctx = mp.get_context("spawn")
+            workers = [ctx.Process(target=worker_main, args=(address, args.slots), daemon=True)
+                       for _ in range(args.workers)]
+            for w in workers:
+                w.start()
+            try:
+                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs))
+            finally:
+                for w in workers:
+                    w.terminate()
+                server.terminate()
+                server.wait(30)
+            raw = asyncio.run(bench_raw(pg.url("bench_raw"), args.jobs, connections=args.workers * 2))
+        finally:
+            pg.stop()
+
+    rows = [
+        ("standalone jobs, end to end", f"{cyc['jobs_steps_per_s']:.0f} steps/s"),
+        ("DAG runs (10 nodes), end to end", f"{cyc['dag_steps_per_s']:.0f} steps/s"),
+        ("dispatch latency p50", f"{cyc['latency_p50_ms']:.1f} ms"),
+        ("dispatch latency p99", f"{cyc['latency_p99_ms']:.1f} ms"),
+        ("baseline: raw SQL, same row work", f"{raw:.0f} steps/s"),
+        ("ratio: Cyclone jobs / raw SQL", f"{cyc['jobs_steps_per_s'] / raw:.2f}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    print(f"\njobs={args.jobs} runs={args.runs} workers={args.workers} slots={args.slots} cores={os.cpu_count()}")
+    for name, value in rows:
+        print(f"{name:<{width}}  {value:>14}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Builds one server process: engine, notifier, worker hub, background work and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
+                                   workflows_pb2, workflows_pb2_grpc)
+
+from .background import Background
+from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
+from .hub import WorkerHub
+from .migrate import migrate
+from .notify import Notifier
+from .servicers import AdminServicer, WorkflowsServicer
+from .servicers_runs import RunsServicer
+
+log = logging.getLogger("cyclone.server")
+
+SERVICE_NAMES = tuple(
+    module.DESCRIPTOR.services_by_name[name].full_name
+    for module, name in ((workflows_pb2, "Workflows"), (runs_pb2, "Runs"), (workers_pb2, "Workers"),
+                         (admin_pb2, "Admin"))
+)
+
+# A dead peer (a worker whose host vanished) must be noticed within seconds, not at the
+# kernel's TCP timeout: ping every 10 s, give up after 5 s without an answer. Workers may
+# ping as often as every 5 s, also with no call in flight.
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+@dataclass
+class Settings:
+    """Everything `cyclone-server` is configured with (see cli.py for the flags)."""
+
+    database_url: str
+    listen: str = "127.0.0.1:7233"
+    lease_ttl: float = 30.0
+    sweep_interval: float = 1.0
+    retention_interval: float | None = None
+    retention_default_age: float | None = None
+    migrate: bool = True
+    server_id: str = ""
+    ready_file: str | None = None
+    grace: float = 10.0
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+
+    def __post_init__(self) -> None:
+        if not self.server_id:
+            self.server_id = f"{socket.gethostname()}-{os.getpid()}"
+
+
+def message_limit(max_payload_bytes: int) -> int:
+    """Largest gRPC message accepted: room for a payload at its limit in protobuf form.
+
+    A JSON payload grows when encoded as google.protobuf.Value (a one-digit number is 2
+    bytes of JSON and 11 of protobuf), so the size check on JSON must see the whole payload
+    instead of gRPC refusing it first with a less helpful message.
+    """
+    return max(4 << 20, 8 * max_payload_bytes + (1 << 20))
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen: {listen!r} is not HOST:PORT")
+    return host, int(port)
+
+
+class CycloneServer:
+    """One running control plane; `start()` then `stop()`, or `serve_forever()`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.address = ""
+        self.engine: Engine | None = None
+        self.notifier: Notifier | None = None
+        self.hub: WorkerHub | None = None
+        self.background: Background | None = None
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.runs: RunsServicer | None = None
+        self._started: list[str] = []
+
+    async def start(self) -> str:
+        """Migrate, connect, listen; returns the bound address 'HOST:PORT'."""
+        s = self.settings
+        host, _ = split_listen(s.listen)
+        if s.migrate:
+            applied = await asyncio.to_thread(migrate, s.database_url)
+            log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
+        self.engine = await Engine.open(s.database_url, max_size=20, max_payload_bytes=s.max_payload_bytes)
+        self.notifier = Notifier(s.database_url)
+        await self.notifier.start()
+        self._started.append("notifier")
+        self.server = self._grpc_server()
+        port = self.server.add_insecure_port(s.listen)
+        if port == 0:
+            raise OSError(f"cannot bind address {s.listen}")
+        self.address = f"{host}:{port}"
+        await self.server.start()
+        self._started.append("server")
+        assert self.hub is not None and self.background is not None
+        await self.hub.start()
+        self._started.append("hub")
+        await self.background.start()
+        self._started.append("background")
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info("cyclone-server listening on %s", self.address)
+        if s.ready_file:
+            write_ready_file(s.ready_file, self.address)
+        return self.address
+
+    def _grpc_server(self) -> grpc.aio.Server:
+        s = self.settings
+        assert self.engine is not None and self.notifier is not None
+        limit = message_limit(s.max_payload_bytes)
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", limit),  # sending stays unlimited (gRPC's default)
+            *KEEPALIVE_OPTIONS,
+        ])
+        self.runs = RunsServicer(self.engine, self.notifier)
+        workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), server)
+        runs_pb2_grpc.add_RunsServicer_to_server(self.runs, server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), server)
+        self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
+        self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
+                                     retention_interval=s.retention_interval,
+                                     retention_default_age=s.retention_default_age)
+        self.hub.add_to_server(server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        return server
+
+    async def stop(self) -> None:
+        """Graceful stop: no new work, running handlers get `grace` seconds, then close.
+
+        Stops only what start() got to, so a failed start cleans up too.
+        """
+        await self.health.enter_graceful_shutdown()
+        if self.runs is not None:
+            self.runs.close()
+        if "hub" in self._started and self.hub is not None:
+            await self.hub.stop(self.settings.grace)
+        if "background" in self._started and self.background is not None:
+            await self.background.stop()
+        if "server" in self._started and self.server is not None:
+            await self.server.stop(grace=1.0)
+        if "notifier" in self._started and self.notifier is not None:
+            await self.notifier.stop()
+        if self.engine is not None:
+            await self.engine.close()
+        self._started.clear()
+        log.info("cyclone-server stopped")
+
+    async def serve_forever(self) -> None:
+        """start(), then stop() on SIGTERM or SIGINT."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await self.start()
+            await stop.wait()
+            # A second Ctrl-C during the graceful stop interrupts it.
+            loop.remove_signal_handler(signal.SIGINT)
+            log.info("signal received, stopping (grace %s s)", self.settings.grace)
+        finally:
+            await self.stop()
+
+
+def write_ready_file(path: str, address: str) -> None:
+    """{"address", "pid"} written atomically, so a reader never sees half a file."""
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    os.replace(tmp, target)

@@ -1,0 +1,110 @@
+"""Periodic work of one server: the recovery sweep, the wait scanners, child settling and retention."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+
+from .engine import Engine
+from .notify import Notifier
+
+log = logging.getLogger(__name__)
+
+RETENTION_BATCH = 1000
+RETENTION_MAX_BATCHES = 20  # per pass, so one pass never holds the database for long
+
+
+class Background:
+    """Periodic work of one server.
+
+    - every `sweep_interval`: the recovery sweep and the wait scanners (Engine.sweep);
+    - on each 'cyclone_run_ended' notification too: child-node settling, so a parent node
+      ends right after its child run instead of at the next sweep;
+    - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
+      runs older than `retention_default_age` (per-step retention honoured) in bounded batches.
+
+    Every pass is guarded: a failing pass (say, a lost database connection) is logged and
+    the next interval tries again. Several servers may run this at once: every statement
+    it calls is safe against concurrent copies of itself.
+
+    Example::
+
+        bg = Background(engine, notifier, sweep_interval=1.0)
+        await bg.start()
+        ...
+        await bg.stop()
+    """
+
+    def __init__(self, engine: Engine, notifier: Notifier, *, sweep_interval: float,
+                 retention_interval: float | None = None, retention_default_age: float | None = None) -> None:
+        self.engine = engine
+        self.notifier = notifier
+        self.sweep_interval = sweep_interval
+        self.retention_interval = retention_interval
+        self.retention_default_age = retention_default_age
+        # Totals since start, by scanner (leases_sweep = reclaims and reclaim_limit discards,
+        # attempts_timeout, ..., children_settle, purged): counters for metrics.
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.failed_passes = 0
+        self._run_ended = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.notifier.subscribe("cyclone_run_ended", self._run_ended.set)
+        self._tasks = [
+            asyncio.create_task(self._every(self.sweep_interval, self._sweep, "sweep"), name="cyclone-sweep"),
+            asyncio.create_task(self._settle_loop(), name="cyclone-settle"),
+        ]
+        if self.retention_interval:
+            self._tasks.append(asyncio.create_task(
+                self._every(self.retention_interval, self._retention, "retention"), name="cyclone-retention"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]], what: str) -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.failed_passes += 1
+            log.warning("%s pass failed: %s; trying again next interval", what, e)
+
+    async def _every(self, interval: float, work: Callable[[], Awaitable[None]], what: str) -> None:
+        while True:
+            await self._guarded(work, what)
+            await asyncio.sleep(interval)
+
+    async def _sweep(self) -> None:
+        counts = await self.engine.sweep()
+        done = {k: v for k, v in counts.items() if v}
+        if done:
+            log.info("sweep: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))
+            self.counts.update(done)
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await self._run_ended.wait()
+            # Cleared before the query: a run that ends while it runs sets it again.
+            self._run_ended.clear()
+            await self._guarded(self._settle, "child settling")
+
+    async def _settle(self) -> None:
+        n = await self.engine.settle_children(limit=500)
+        if n:
+            self.counts["children_settle"] += n
+        if n >= 500:  # more may be waiting: go again at once
+            self._run_ended.set()
+
+    async def _retention(self) -> None:
+        for _ in range(RETENTION_MAX_BATCHES):
+            n = await self.engine.purge(self.retention_default_age, limit=RETENTION_BATCH)
+            self.counts["purged"] += n
+            if n < RETENTION_BATCH:
+                return

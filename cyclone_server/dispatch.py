@@ -1,0 +1,333 @@
+"""The worker hub's two batching loops: claiming leases for free slots, and group-committing results."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import grpc
+import psycopg
+
+from cyclone_worker._proto import workers_pb2 as pb
+
+from .convert import optional_value, py_to_value, to_timestamp
+from .engine import Engine, Result, parse_id
+from .errors import CycloneError
+
+log = logging.getLogger(__name__)
+
+LeaseKey = tuple[str, int]  # (step_id, lease_generation)
+
+# The SQL statuses of a result, and the ack each becomes (the SQL's finer 'applied' kinds
+# travel in the ack's detail).
+ACK_OF_STATUS = {
+    "applied": pb.ACK_STATUS_APPLIED, "retried": pb.ACK_STATUS_APPLIED, "discarded": pb.ACK_STATUS_APPLIED,
+    "snoozed": pb.ACK_STATUS_APPLIED, "output_too_large": pb.ACK_STATUS_APPLIED,
+    "stale": pb.ACK_STATUS_STALE, "ended": pb.ACK_STATUS_ENDED, "unknown": pb.ACK_STATUS_UNKNOWN,
+    "invalid": pb.ACK_STATUS_INVALID,
+}
+
+
+@dataclass
+class HeldLease:
+    """What the hub remembers of a lease a worker holds (little, for Stop reasons and metrics)."""
+
+    run_id: str | None = None
+    kind: str | None = None
+    attempt: int = 0
+    attempt_deadline: datetime | None = None
+    result_pending: bool = False  # a StepResult is on its way to the database
+
+
+class End:
+    """Put in a stream's outbox to end the stream, with a status (None: end with OK)."""
+
+    def __init__(self, code: grpc.StatusCode | None = None, message: str = "") -> None:
+        self.code = code
+        self.message = message
+
+
+@dataclass(eq=False)
+class WorkerConn:
+    """One open worker stream."""
+
+    worker_id: str
+    kinds: list[str]
+    slots: int
+    sdk: str = ""
+    held: dict[LeaseKey, HeldLease] = field(default_factory=dict)
+    outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    last_pong: float = field(default_factory=time.monotonic)
+    unacked: int = 0  # results submitted and not yet acked
+    draining: bool = False  # the worker half-closed: ack what it sent, then end
+    closed: bool = False
+
+    @property
+    def free_slots(self) -> int:
+        return 0 if self.closed or self.draining else max(0, self.slots - len(self.held))
+
+    def send(self, msg: pb.ServerMessage) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(msg)
+
+    def end(self, code: grpc.StatusCode | None = None, message: str = "") -> None:
+        """End the stream after what is already queued; no lease is pushed to it from now on."""
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait(End(code, message))
+
+    def drain(self) -> None:
+        """The worker sent its last message: end (OK) once its results are acked."""
+        self.draining = True
+        if self.unacked == 0:
+            self.end()
+
+
+def lease_message(row: dict[str, Any]) -> pb.Lease:
+    lease = pb.Lease(
+        run_id=str(row["run_id"]), step_id=str(row["step_id"]), node=row["node"], kind=row["kind"],
+        attempt=row["attempt"], max_attempts=row["max_attempts"], reclaims=row["reclaims"],
+        lease_generation=row["lease_generation"], input=py_to_value(row["input"]),
+        parents=py_to_value(row["parents"] or {}).struct_value, lease_expiry=to_timestamp(row["lease_expiry"]))
+    if row["attempt_deadline"] is not None:
+        lease.attempt_deadline.CopyFrom(to_timestamp(row["attempt_deadline"]))
+    return lease
+
+
+def to_result(r: pb.StepResult) -> Result | str:
+    """The engine's Result for a StepResult, or the refusal ('unknown' / 'invalid: why') without asking it."""
+    try:
+        step_id = str(parse_id(r.step_id, "step_id"))
+    except CycloneError:
+        return "unknown: step_id is not a valid id"
+    outcome = r.WhichOneof("outcome")
+    try:
+        if outcome == "completed":
+            output = optional_value(r.completed, "output")
+            return Result(step_id, r.lease_generation, "completed", output=output)
+        if outcome == "failed":
+            delay = r.failed.retry_delay.ToTimedelta().total_seconds() if r.failed.HasField("retry_delay") else None
+            if delay is not None and delay < 0:
+                return "invalid: failed.retry_delay is negative"
+            return Result(step_id, r.lease_generation, "failed", message=r.failed.message,
+                          permanent=r.failed.permanent, retry_delay=delay)
+        if outcome == "snoozed":
+            delay = r.snoozed.delay.ToTimedelta().total_seconds()
+            if delay < 0 or not math.isfinite(delay):
+                return "invalid: snoozed.delay is negative"
+            return Result(step_id, r.lease_generation, "snoozed", delay=delay)
+    except CycloneError as e:  # a NaN, an infinity or a U+0000 in the output
+        return f"invalid: completed.{e.message}"
+    return "invalid: the result has no outcome (completed, failed or snoozed)"
+
+
+# The ack detail of each SQL status: the kind of applied result, or why it was refused.
+DETAIL_OF_STATUS = {
+    "applied": "", "retried": "retried", "discarded": "discarded", "snoozed": "snoozed",
+    "output_too_large": "output_too_large",
+    "stale": "the step runs, or ran, under another lease generation",
+    "ended": "the step already left running under this lease generation",
+    "unknown": "no such step", "invalid": "the result is malformed",
+}
+
+
+def ack(step_id: str, generation: int, status: str, detail: str | None = None) -> pb.ResultAck:
+    return pb.ResultAck(step_id=step_id, lease_generation=generation, status=ACK_OF_STATUS[status],
+                        detail=DETAIL_OF_STATUS[status] if detail is None else detail)
+
+
+class Dispatcher:
+    """Claims steps in batches for the free slots of connected workers and pushes them as Leases.
+
+    Woken (coalesced) by `wake()`; the owner polls it every `poll_interval` while a worker
+    has free slots, so steps whose scheduled_at passes (backoff, snooze) are picked up.
+    Workers are served round-robin so several workers of the same kinds share the backlog.
+    """
+
+    def __init__(self, engine: Engine, conns: Callable[[], list[WorkerConn]], *, lease_ttl: float,
+                 stats: dict[str, Any], poll_interval: float = 0.5) -> None:
+        self.engine = engine
+        self.conns = conns
+        self.lease_ttl = lease_ttl
+        self.stats = stats
+        self.poll_interval = poll_interval
+        self._event = asyncio.Event()
+        self._woken_at: float | None = None
+        self._turn = itertools.count()
+        self._stopping = False
+
+    def wake(self) -> None:
+        if self._woken_at is None:
+            self._woken_at = time.monotonic()
+        self._event.set()
+
+    async def stop(self) -> None:
+        """Make `run` return after the pass in progress, so no claimed lease is left unpushed."""
+        self._stopping = True
+        self._event.set()
+
+    async def run(self) -> None:
+        delay = self.poll_interval
+        while True:
+            try:
+                await asyncio.wait_for(self._event.wait(), self.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+            if self._stopping:
+                return
+            self._event.clear()
+            woken_at, self._woken_at = self._woken_at, None
+            try:
+                await self._pass(woken_at)
+                delay = self.poll_interval
+            except Exception as e:  # a lost database: log, back off, try again
+                log.warning("dispatch pass failed: %s; retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _pass(self, woken_at: float | None) -> None:
+        conns = [c for c in self.conns() if c.free_slots > 0]
+        if not conns:
+            return
+        start = next(self._turn) % len(conns)
+        exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
+        for conn in conns[start:] + conns[:start]:
+            kinds = [k for k in conn.kinds if k not in exhausted]
+            want = conn.free_slots
+            if not kinds or want <= 0:
+                continue
+            rows = await self.engine.claim(conn.worker_id, kinds, want, self.lease_ttl)
+            if len(rows) < want:
+                exhausted.update(kinds)
+            if not rows:
+                continue
+            for row in rows:
+                conn.held[(str(row["step_id"]), row["lease_generation"])] = HeldLease(
+                    run_id=str(row["run_id"]), kind=row["kind"], attempt=row["attempt"],
+                    attempt_deadline=row["attempt_deadline"])
+                self.stats["claims"][row["kind"]] += 1
+            # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
+            conn.send(pb.ServerMessage(leases=pb.Leases(leases=[lease_message(r) for r in rows])))
+            if woken_at is not None:
+                self.stats["dispatch_latency"].append(time.monotonic() - woken_at)
+
+
+class ResultCommitter:
+    """Group commit: results from all streams, applied with one Engine.apply_results per batch."""
+
+    def __init__(self, engine: Engine, *, stats: dict[str, Any], on_applied: Callable[[], None],
+                 window: float = 0.005, max_batch: int = 200) -> None:
+        self.engine = engine
+        self.stats = stats
+        self.on_applied = on_applied
+        self.window = window
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[tuple[WorkerConn, Result, str]] = asyncio.Queue()
+        self._busy = False
+
+    def submit(self, conn: WorkerConn, result: Result, wire_step_id: str) -> None:
+        """Queue a result; its ack echoes `wire_step_id`, the step id as the worker wrote it."""
+        held = conn.held.get((result.step_id, result.generation))
+        if held is not None:
+            held.result_pending = True
+        conn.unacked += 1
+        self._queue.put_nowait((conn, result, wire_step_id))
+
+    def idle(self) -> bool:
+        """True when no result waits to be applied or acked."""
+        return self._queue.empty() and not self._busy
+
+    async def run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            self._busy = True
+            deadline = time.monotonic() + self.window
+            while len(batch) < self.max_batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), left))
+                except asyncio.TimeoutError:
+                    break
+            try:
+                statuses = await self._statuses([r for _, r, _ in batch])
+                self._acknowledge(batch, statuses)
+            except Exception:  # a bug, not a database outage: let the workers reconnect and resend
+                log.exception("applying %d results failed", len(batch))
+                for conn, _, _ in batch:
+                    conn.end(grpc.StatusCode.UNAVAILABLE, "the server could not apply results; reconnect and resend")
+            finally:
+                self._busy = False
+
+    async def _statuses(self, results: list[Result]) -> list[tuple[str, str | None]]:
+        """(SQL status, detail or None) per result, in order."""
+        delay = 0.1
+        while True:
+            try:
+                rows = await self.engine.apply_results(results)
+                return [(status, None) for _, _, status in rows]
+            except psycopg.OperationalError as e:
+                # The database is unreachable. Applying again is safe: results are fenced, so
+                # one that did commit before the error comes back 'ended', as a resent one would.
+                log.warning("applying %d results failed: %s; retrying in %.1fs", len(results), e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+            except (psycopg.Error, CycloneError) as e:
+                # The database refused the data (say, a \u0000 that JSONB cannot store): find
+                # the results it refuses by applying them alone, and ack those INVALID.
+                if len(results) == 1:
+                    why = e.diag.message_primary if isinstance(e, psycopg.Error) else None
+                    return [("invalid", f"the database refused the result: {why or e}")]
+                out: list[tuple[str, str | None]] = []
+                for r in results:
+                    out += await self._statuses([r])
+                return out
+
+    def _acknowledge(self, batch: list[tuple[WorkerConn, Result, str]],
+                     statuses: list[tuple[str, str | None]]) -> None:
+        self.stats["result_batches"] += 1
+        acks: dict[WorkerConn, list[pb.ResultAck]] = collections.defaultdict(list)
+        for (conn, r, wire_step_id), (status, detail) in zip(batch, statuses):
+            key = (r.step_id, r.generation)
+            held = conn.held.get(key)
+            kind = held.kind if held is not None and held.kind else "unknown"
+            if status == "invalid":
+                if held is not None:
+                    held.result_pending = False
+            else:
+                conn.held.pop(key, None)  # the slot frees with the ack
+            self._count(kind, r, status)
+            acks[conn].append(ack(wire_step_id, r.generation, status, detail))
+        for conn, items in acks.items():
+            conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=items)))
+            conn.unacked -= len(items)
+            if conn.draining and conn.unacked == 0:
+                conn.end()
+        self.on_applied()
+
+    def _count(self, kind: str, r: Result, status: str) -> None:
+        if status in ("stale", "ended", "unknown"):
+            self.stats["fenced_results"][status] += 1
+        elif status == "applied" and r.outcome == "completed":
+            self.stats["completions"][kind] += 1
+        elif status == "output_too_large":
+            self.stats["failures"][(kind, "output_too_large")] += 1
+        elif status in ("retried", "discarded"):
+            error_kind = "error" if status == "retried" else "permanent" if r.permanent else "max_attempts"
+            self.stats["failures"][(kind, error_kind)] += 1
+        elif status == "snoozed":
+            self.stats["snoozes"][kind] += 1

@@ -1,0 +1,120 @@
+"""Postgres LISTEN/NOTIFY for one server process: wakes the dispatcher and the child settler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+CHANNELS = ("cyclone_available", "cyclone_run_ended")
+
+
+class Notifier:
+    """One LISTEN connection per server process, on channels 'cyclone_available' and 'cyclone_run_ended'.
+
+    The SQL functions pg_notify these channels with an empty payload, so Postgres folds
+    them to one notification per channel per transaction. A notification is only a hint:
+    whoever wakes must re-check the database. That is also why a re-established connection
+    wakes everyone (notifications sent while it was down are lost).
+
+    Example::
+
+        notifier = Notifier(url)
+        await notifier.start()
+        notifier.subscribe("cyclone_available", dispatcher.wake)
+        if await notifier.wait("cyclone_run_ended", timeout=5): ...
+    """
+
+    def __init__(self, conninfo: str, *, reconnect_initial: float = 0.1, reconnect_max: float = 5.0) -> None:
+        self.conninfo = conninfo
+        self.reconnect_initial = reconnect_initial
+        self.reconnect_max = reconnect_max
+        self.reconnects = 0
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {c: set() for c in CHANNELS}
+        self._callbacks: dict[str, list[Callable[[], None]]] = {c: [] for c in CHANNELS}
+        self._conn: psycopg.AsyncConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect and LISTEN (raising if the database is unreachable now), then listen in the background."""
+        self._conn = await self._connect()
+        self._task = asyncio.create_task(self._run(), name="cyclone-notifier")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    async def wait(self, channel: str, timeout: float) -> bool:
+        """True once a notification on `channel` arrives after the call began (or the LISTEN
+        connection was re-established: re-check state), False on timeout."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters[self._known(channel)]
+        waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            waiters.discard(fut)
+
+    def subscribe(self, channel: str, callback: Callable[[], None]) -> None:
+        """Call `callback` (synchronously, on the event loop) for each notification on `channel`."""
+        self._callbacks[self._known(channel)].append(callback)
+
+    @staticmethod
+    def _known(channel: str) -> str:
+        if channel not in CHANNELS:
+            raise ValueError(f"channel: {channel!r} is not one of {', '.join(CHANNELS)}")
+        return channel
+
+    async def _connect(self) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+        for channel in CHANNELS:
+            await conn.execute(f"LISTEN {channel}")
+        return conn
+
+    def _fire(self, channel: str) -> None:
+        for fut in list(self._waiters[channel]):
+            if not fut.done():
+                fut.set_result(None)
+        for callback in self._callbacks[channel]:
+            try:
+                callback()
+            except Exception:  # one broken subscriber must not stop the others
+                log.exception("notification callback for %s failed", channel)
+
+    async def _run(self) -> None:
+        delay = self.reconnect_initial
+        while True:
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = await self._connect()
+                    self.reconnects += 1
+                    log.info("LISTEN connection re-established")
+                    for channel in CHANNELS:
+                        self._fire(channel)
+                delay = self.reconnect_initial
+                async for n in self._conn.notifies():
+                    if n.channel in self._waiters:
+                        self._fire(n.channel)
+                # notifies() ends only when the connection closed under it.
+            except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", e, delay)
+            if self._conn is not None:
+                await self._conn.close()
+                self._conn = None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.reconnect_max)

@@ -1,0 +1,236 @@
+"""The Runs gRPC service: submit, read, wait for and steer runs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+import grpc
+
+from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
+
+from . import convert
+from .engine import TERMINAL_RUN_STATES, Engine
+from .errors import InvalidArgument
+from .notify import Notifier
+from .servicers import deadline_of, non_negative, plain_text, required, required_id, rpc
+
+WAIT_DEFAULT = 30.0
+WAIT_MAX = 3600.0
+# A notification can slip between reading the state and starting to wait: re-check at
+# least this often, so a missed one costs a moment, not the whole timeout.
+WAIT_RECHECK = 2.0
+LIST_DEFAULT, LIST_MAX = 100, 1000
+PURGE_DEFAULT = 1000
+_ENQUEUE_OPTIONS = ("max_attempts", "max_reclaims")
+_ENQUEUE_DURATIONS = ("backoff_initial", "backoff_max", "attempt_timeout", "retention")
+
+
+class RunsServicer(runs_pb2_grpc.RunsServicer):
+    """cyclone.v1.Runs."""
+
+    def __init__(self, engine: Engine, notifier: Notifier) -> None:
+        self.engine = engine
+        self.notifier = notifier
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """Server shutdown: pending WaitRun calls answer at once (timed_out) instead of holding it up."""
+        self._closing.set()
+
+    async def _run(self, run_id: str) -> types_pb2.Run:
+        return convert.run_to_proto(await self.engine.get_run(run_id))
+
+    # -- begin ---------------------------------------------------------------------------
+
+    @rpc
+    async def SubmitRun(self, request: runs_pb2.SubmitRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb2.SubmitRunResponse:
+        required(request.workflow, "workflow")
+        non_negative(request.version, "version")
+        plain_text(request.idempotency_key, "idempotency_key")
+        deadline = deadline_of(request)
+        input_ = convert.optional_value(request, "input")
+        # The request as given identifies it for the idempotency check: deadline_in, not
+        # the absolute deadline computed from it, which differs on every repeat.
+        fingerprint = (request.workflow, request.version, input_, request.priority,
+                       _fingerprint_time(request, "deadline"), _fingerprint_duration(request, "deadline_in"))
+        run_id, created = await self.engine.submit_run(
+            request.workflow, version=request.version, input=input_, priority=request.priority,
+            idempotency_key=request.idempotency_key or None, deadline=deadline, request_fingerprint=fingerprint)
+        return runs_pb2.SubmitRunResponse(run_id=run_id, created=created)
+
+    @rpc
+    async def Enqueue(self, request: runs_pb2.EnqueueRequest,
+                      context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueResponse:
+        required(request.kind, "kind")
+        plain_text(request.idempotency_key, "idempotency_key")
+        deadline = deadline_of(request)
+        input_ = convert.optional_value(request, "input")
+        options: dict[str, Any] = {k: getattr(request, k) for k in _ENQUEUE_OPTIONS if request.HasField(k)}
+        for key in _ENQUEUE_DURATIONS:
+            seconds = convert.duration_seconds(request, key)
+            if seconds is not None:
+                options[key] = seconds
+        scheduled_at = convert.timestamp_dt(request, "scheduled_at")
+        fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
+                       _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
+        try:
+            run_id, step_id, created = await self.engine.enqueue(
+                request.kind, input=input_, priority=request.priority, idempotency_key=request.idempotency_key or None,
+                deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint)
+        except InvalidArgument as e:
+            # The job's options are validated as its one node: name the request's field.
+            raise InvalidArgument(_strip_node_prefix(e.message)) from None
+        return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
+
+    # -- read ----------------------------------------------------------------------------
+
+    @rpc
+    async def GetRun(self, request: runs_pb2.GetRunRequest, context: grpc.aio.ServicerContext) -> types_pb2.Run:
+        return await self._run(required_id(request.run_id, "run_id"))
+
+    @rpc
+    async def ListRuns(self, request: runs_pb2.ListRunsRequest,
+                       context: grpc.aio.ServicerContext) -> runs_pb2.ListRunsResponse:
+        limit = min(non_negative(request.limit, "limit") or LIST_DEFAULT, LIST_MAX)
+        states = sorted({convert.run_state_name(s) for s in request.states})
+        plain_text(request.workflow, "workflow")
+        after, before = convert.timestamp_dt(request, "created_after"), convert.timestamp_dt(request, "created_before")
+        filters = _filters_hash(states, request.workflow, after, before)
+        cursor = _decode_page_token(request.page_token, filters) if request.page_token else None
+        rows = await self.engine.list_runs(states=states, workflow=request.workflow or None, created_after=after,
+                                           created_before=before, limit=limit + 1, after=cursor,
+                                           steps=request.include_steps)
+        token = ""
+        if len(rows) > limit:
+            rows = rows[:limit]
+            token = _encode_page_token(rows[-1]["created_at"], str(rows[-1]["id"]), filters)
+        return runs_pb2.ListRunsResponse(runs=[convert.run_to_proto(r) for r in rows], next_page_token=token)
+
+    @rpc
+    async def WaitRun(self, request: runs_pb2.WaitRunRequest,
+                      context: grpc.aio.ServicerContext) -> runs_pb2.WaitRunResponse:
+        run_id = required_id(request.run_id, "run_id")
+        timeout = convert.duration_seconds(request, "timeout", field="timeout")
+        timeout = WAIT_DEFAULT if timeout is None else min(timeout, WAIT_MAX)
+        end = time.monotonic() + timeout
+        await self.engine.get_run(run_id, steps=False)  # NOT_FOUND before any waiting
+        while True:
+            # Listen first, then read: a run that ends between the two still wakes us.
+            woken = asyncio.ensure_future(self.notifier.wait("cyclone_run_ended", min(WAIT_RECHECK, timeout)))
+            closing = asyncio.ensure_future(self._closing.wait())
+            try:
+                await asyncio.sleep(0)
+                states = await self.engine.run_states([run_id])
+                state = states.get(run_id)
+                remaining = end - time.monotonic()
+                if state is None or state in TERMINAL_RUN_STATES or remaining <= 0 or self._closing.is_set():
+                    break
+                await asyncio.wait((woken, closing), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                closing.cancel()
+        run = await self._run(run_id)  # NOT_FOUND when the run was purged meanwhile
+        return runs_pb2.WaitRunResponse(run=run, timed_out=convert.RUN_STATE_NAMES[run.state] not in TERMINAL_RUN_STATES)
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def _act(self, run_id: str, applied: bool) -> runs_pb2.RunActionResponse:
+        return runs_pb2.RunActionResponse(run=await self._run(run_id), applied=applied)
+
+    @rpc
+    async def CancelRun(self, request: runs_pb2.CancelRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
+        run_id = required_id(request.run_id, "run_id")
+        return await self._act(run_id, await self.engine.cancel_run(run_id))
+
+    @rpc
+    async def PauseRun(self, request: runs_pb2.PauseRunRequest,
+                       context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
+        run_id = required_id(request.run_id, "run_id")
+        return await self._act(run_id, await self.engine.pause_run(run_id))
+
+    @rpc
+    async def ResumeRun(self, request: runs_pb2.ResumeRunRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
+        run_id = required_id(request.run_id, "run_id")
+        return await self._act(run_id, await self.engine.resume_run(run_id))
+
+    @rpc
+    async def RetryStep(self, request: runs_pb2.RetryStepRequest,
+                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
+        run_id = required_id(request.run_id, "run_id")
+        node = required(request.node, "node")
+        applied = await self.engine.retry(run_id, node, deadline=deadline_of(request))
+        return await self._act(run_id, applied)
+
+    @rpc
+    async def RetryAll(self, request: runs_pb2.RetryAllRequest,
+                       context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
+        run_id = required_id(request.run_id, "run_id")
+        applied = await self.engine.retry(run_id, None, deadline=deadline_of(request))
+        return await self._act(run_id, applied)
+
+    @rpc
+    async def Signal(self, request: runs_pb2.SignalRequest,
+                     context: grpc.aio.ServicerContext) -> runs_pb2.SignalResponse:
+        run_id = required_id(request.run_id, "run_id")
+        name = required(request.name, "name")
+        signal_id, consumed_by = await self.engine.signal(run_id, name, convert.optional_value(request, "payload"))
+        return runs_pb2.SignalResponse(signal_id=signal_id, consumed_by_step_id=consumed_by or "")
+
+    @rpc
+    async def PurgeTerminalRuns(self, request: runs_pb2.PurgeTerminalRunsRequest,
+                                context: grpc.aio.ServicerContext) -> runs_pb2.PurgeTerminalRunsResponse:
+        older_than = convert.duration_seconds(request, "older_than")
+        if older_than is None:
+            raise InvalidArgument("older_than: required")
+        limit = non_negative(request.limit, "limit") or PURGE_DEFAULT
+        return runs_pb2.PurgeTerminalRunsResponse(deleted=await self.engine.purge(older_than, limit))
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _fingerprint_time(request: Any, name: str) -> str | None:
+    dt = convert.timestamp_dt(request, name)
+    return dt.isoformat() if dt else None
+
+
+def _fingerprint_duration(request: Any, name: str) -> float | None:
+    return convert.duration_seconds(request, name)
+
+
+def _strip_node_prefix(message: str) -> str:
+    # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'
+    if message.startswith("nodes[0]"):
+        return message.split(": ", 1)[-1]
+    return message
+
+
+def _filters_hash(states: list[str], workflow: str, after: datetime | None, before: datetime | None) -> str:
+    key = json.dumps([states, workflow, after.isoformat() if after else None, before.isoformat() if before else None])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _encode_page_token(created_at: datetime, run_id: str, filters: str) -> str:
+    raw = json.dumps({"c": created_at.isoformat(), "i": run_id, "f": filters})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_page_token(token: str, filters: str) -> tuple[datetime, str]:
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        created_at, run_id, issued_for = datetime.fromisoformat(raw["c"]), str(raw["i"]), raw["f"]
+    except (ValueError, TypeError, KeyError):
+        raise InvalidArgument("page_token: not a token issued by ListRuns") from None
+    if issued_for != filters:
+        raise InvalidArgument("page_token: issued for different filters (states, workflow, created_after/before)")
+    required_id(run_id, "page_token")
+    return created_at, run_id

@@ -1,0 +1,332 @@
+"""The async client: register workflows, start runs and jobs, read, wait for and steer them."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import grpc
+
+from ._channel import auth_metadata, open_channel
+from ._errors import CycloneClientError, RunCancelled, RunFailed
+from ._models import KindStats, Run, WorkflowInfo
+from ._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
+                     workflows_pb2_grpc)
+from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
+from ._workflow import Workflow
+
+__all__ = ["Client"]
+
+# One WaitRun call waits at most this long; `wait` loops, so a long wait survives proxies
+# that cut idle calls.
+_WAIT_SLICE = 30.0
+
+
+def _deadline_fields(deadline: datetime | Seconds | None) -> dict[str, Any]:
+    """A deadline as `deadline` (absolute datetime) or `deadline_in` (seconds / timedelta from now)."""
+    if deadline is None:
+        return {}
+    if isinstance(deadline, datetime):
+        return {"deadline": to_timestamp(deadline, "deadline")}
+    return {"deadline_in": to_duration(deadline, "deadline")}
+
+
+def _run_state(word: str) -> Any:  # a RunState value
+    try:
+        return types_pb2.RunState.Value("RUN_STATE_" + word.upper())
+    except ValueError:
+        raise ValueError(f"states: {word!r} is not a run state (running, paused, completed, failed, cancelled)") from None
+
+
+class Client:
+    """An async client of a Cyclone server.
+
+    Every failed call raises `CycloneClientError` carrying the gRPC status code. A call
+    made while the server is unreachable waits for it, up to `rpc_timeout` seconds
+    (then DEADLINE_EXCEEDED), so a server restart does not break a client.
+
+    Example::
+
+        async with Client("127.0.0.1:7233") as client:
+            await client.register(Workflow("etl").task("extract").task("load", deps=["extract"]))
+            run_id = await client.submit("etl", {"day": "2026-12-01"})
+            print(await client.result(run_id, timeout=60))
+    """
+
+    def __init__(self, address: str, *, token: str | None = None,
+                 tls: grpc.ChannelCredentials | None = None, rpc_timeout: float = 30.0) -> None:
+        self.address = address
+        self._metadata = auth_metadata(token)
+        self._tls = tls
+        self._rpc_timeout = rpc_timeout
+        self._channel: grpc.aio.Channel | None = None
+
+    async def __aenter__(self) -> Client:
+        self._open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel (`async with` does it for you)."""
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close(None)
+
+    def _open(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = open_channel(self.address, tls=self._tls)
+        return self._channel
+
+    async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None) -> Any:
+        stub = stub_cls(self._open())
+        try:
+            # wait_for_ready: a call made while the server restarts waits for it (up to the
+            # call's deadline) instead of failing at once with UNAVAILABLE.
+            return await getattr(stub, method)(request, timeout=timeout or self._rpc_timeout,
+                                               metadata=self._metadata, wait_for_ready=True)
+        except grpc.aio.AioRpcError as e:
+            raise CycloneClientError.from_rpc(e) from None
+
+    # -- workflows ------------------------------------------------------------------------
+
+    async def register(self, workflow: Workflow) -> WorkflowInfo:
+        """Store a workflow definition; the same definition again is a no-op (`created` False).
+
+        Example::
+
+            info = await client.register(Workflow("etl").task("extract"))
+            print(info.version, info.created)
+        """
+        resp = await self._call(workflows_pb2_grpc.WorkflowsStub, "RegisterWorkflow", workflow.to_proto())
+        return WorkflowInfo.from_proto(resp.workflow, created=resp.created)
+
+    async def get_workflow(self, name: str, version: int = 0) -> WorkflowInfo:
+        """One version of a workflow (the latest when `version` is 0).
+
+        Example::
+
+            info = await client.get_workflow("etl")
+        """
+        req = workflows_pb2.GetWorkflowRequest(name=name, version=version)
+        return WorkflowInfo.from_proto(await self._call(workflows_pb2_grpc.WorkflowsStub, "GetWorkflow", req))
+
+    async def list_workflows(self, name_prefix: str = "", *, all_versions: bool = False) -> list[WorkflowInfo]:
+        """Workflows by name then version (only the latest version of each unless `all_versions`).
+
+        Example::
+
+            names = [w.name for w in await client.list_workflows()]
+        """
+        req = workflows_pb2.ListWorkflowsRequest(name_prefix=name_prefix, all_versions=all_versions)
+        resp = await self._call(workflows_pb2_grpc.WorkflowsStub, "ListWorkflows", req)
+        return [WorkflowInfo.from_proto(w) for w in resp.workflows]
+
+    # -- starting runs --------------------------------------------------------------------
+
+    async def submit(self, workflow: str | Workflow, input: Any = None, *, version: int = 0, priority: int = 0,
+                     idempotency_key: str | None = None, deadline: datetime | Seconds | None = None) -> str:
+        """Start a run of a registered workflow; returns its run id.
+
+        `deadline` is a datetime, or seconds / a timedelta from now. With an
+        `idempotency_key`, repeating the same request returns the same run.
+
+        Example::
+
+            run_id = await client.submit("etl", {"day": "2026-12-01"}, deadline=3600)
+        """
+        name = workflow.name if isinstance(workflow, Workflow) else workflow
+        req = runs_pb2.SubmitRunRequest(workflow=name, version=version, input=to_value(input, "input"),
+                                        priority=priority, idempotency_key=idempotency_key or "",
+                                        **_deadline_fields(deadline))
+        return (await self._call(runs_pb2_grpc.RunsStub, "SubmitRun", req)).run_id
+
+    async def enqueue(self, kind: str, input: Any = None, *, priority: int = 0, idempotency_key: str | None = None,
+                      deadline: datetime | Seconds | None = None, scheduled_at: datetime | Seconds | None = None,
+                      max_attempts: int | None = None, backoff_initial: Seconds | None = None,
+                      backoff_max: Seconds | None = None, max_reclaims: int | None = None,
+                      attempt_timeout: Seconds | None = None, retention: Seconds | None = None) -> str:
+        """Start a standalone job (a one-node run of step kind `kind`); returns its run id.
+
+        `scheduled_at` is a datetime, or seconds / a timedelta from now.
+
+        Example::
+
+            run_id = await client.enqueue("send_email", {"to": "ada@example.com"}, max_attempts=5)
+        """
+        req = runs_pb2.EnqueueRequest(kind=kind, input=to_value(input, "input"), priority=priority,
+                                      idempotency_key=idempotency_key or "", **_deadline_fields(deadline))
+        if max_attempts is not None:
+            req.max_attempts = max_attempts
+        if max_reclaims is not None:
+            req.max_reclaims = max_reclaims
+        for name, value in (("backoff_initial", backoff_initial), ("backoff_max", backoff_max),
+                            ("attempt_timeout", attempt_timeout), ("retention", retention)):
+            if value is not None:
+                getattr(req, name).CopyFrom(to_duration(value, name))
+        if scheduled_at is not None:
+            when = scheduled_at if isinstance(scheduled_at, datetime) else (
+                datetime.now(timezone.utc) + timedelta(seconds=seconds_of(scheduled_at, "scheduled_at")))
+            req.scheduled_at.CopyFrom(to_timestamp(when, "scheduled_at"))
+        return (await self._call(runs_pb2_grpc.RunsStub, "Enqueue", req)).run_id
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def get(self, run_id: str) -> Run:
+        """A run with all its steps.
+
+        Example::
+
+            run = await client.get(run_id)
+            print(run.state, run.step("extract").attempt)
+        """
+        return Run.from_proto(await self._call(runs_pb2_grpc.RunsStub, "GetRun", runs_pb2.GetRunRequest(run_id=run_id)))
+
+    async def list(self, *, states: Iterable[str] = (), workflow: str | None = None,
+                   created_after: datetime | None = None, created_before: datetime | None = None,
+                   limit: int = 100, include_steps: bool = False) -> list[Run]:
+        """Up to `limit` runs matching every filter, newest first (`states` are run state words).
+
+        Example::
+
+            failed = await client.list(states=["failed"], workflow="etl", limit=20)
+        """
+        req = runs_pb2.ListRunsRequest(workflow=workflow or "", include_steps=include_steps,
+                                       states=[_run_state(s) for s in states])
+        if created_after is not None:
+            req.created_after.CopyFrom(to_timestamp(created_after, "created_after"))
+        if created_before is not None:
+            req.created_before.CopyFrom(to_timestamp(created_before, "created_before"))
+        runs: list[Run] = []
+        while len(runs) < limit:
+            req.limit = min(limit - len(runs), 1000)
+            resp = await self._call(runs_pb2_grpc.RunsStub, "ListRuns", req)
+            runs.extend(Run.from_proto(r) for r in resp.runs)
+            if not resp.next_page_token:
+                break
+            req.page_token = resp.next_page_token
+        return runs
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> Run:
+        """Wait until the run is terminal (completed, failed, cancelled) or `timeout` seconds
+        pass (None: forever); returns the run either way (check `run.terminal`).
+
+        Example::
+
+            run = await client.wait(run_id, timeout=60)
+            assert run.state == "completed"
+        """
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _WAIT_SLICE if end is None else max(0.0, min(_WAIT_SLICE, end - time.monotonic()))
+            req = runs_pb2.WaitRunRequest(run_id=run_id, timeout=to_duration(left))
+            resp = await self._call(runs_pb2_grpc.RunsStub, "WaitRun", req, timeout=left + self._rpc_timeout)
+            run = Run.from_proto(resp.run)
+            if run.terminal or (end is not None and time.monotonic() >= end):
+                return run
+
+    async def result(self, run_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """The result of a completed run: the outputs of its leaf nodes by node id.
+
+        Raises RunFailed or RunCancelled, or TimeoutError when the run is still going.
+
+        Example::
+
+            out = await client.result(run_id, timeout=60)
+            print(out["load"])
+        """
+        run = await self.wait(run_id, timeout)
+        if run.state == "completed":
+            return run.result if isinstance(run.result, dict) else {}
+        if run.state == "failed":
+            raise RunFailed(run)
+        if run.state == "cancelled":
+            raise RunCancelled(run)
+        raise TimeoutError(f"run {run_id} is still {run.state} after {timeout} s")
+
+    # -- actions ---------------------------------------------------------------------------
+
+    async def _action(self, method: str, request: Any) -> Run:
+        return Run.from_proto((await self._call(runs_pb2_grpc.RunsStub, method, request)).run)
+
+    async def cancel(self, run_id: str) -> Run:
+        """Cancel a running or paused run (a no-op on a cancelled one); returns the run.
+
+        Example::
+
+            run = await client.cancel(run_id)
+        """
+        return await self._action("CancelRun", runs_pb2.CancelRunRequest(run_id=run_id))
+
+    async def pause(self, run_id: str) -> Run:
+        """Pause a running run: nothing new starts; running steps finish. Returns the run.
+
+        Example::
+
+            await client.pause(run_id)
+        """
+        return await self._action("PauseRun", runs_pb2.PauseRunRequest(run_id=run_id))
+
+    async def resume(self, run_id: str) -> Run:
+        """Resume a paused run. Returns the run.
+
+        Example::
+
+            await client.resume(run_id)
+        """
+        return await self._action("ResumeRun", runs_pb2.ResumeRunRequest(run_id=run_id))
+
+    async def retry(self, run_id: str, node: str, *, deadline: datetime | Seconds | None = None) -> Run:
+        """Reopen the discarded node `node` with a fresh attempt budget. Returns the run.
+
+        Example::
+
+            run = await client.retry(run_id, "load")
+        """
+        req = runs_pb2.RetryStepRequest(run_id=run_id, node=node, **_deadline_fields(deadline))
+        return await self._action("RetryStep", req)
+
+    async def retry_all(self, run_id: str, *, deadline: datetime | Seconds | None = None) -> Run:
+        """Reopen every discarded node of the run. Returns the run.
+
+        Example::
+
+            run = await client.retry_all(run_id)
+        """
+        return await self._action("RetryAll", runs_pb2.RetryAllRequest(run_id=run_id, **_deadline_fields(deadline)))
+
+    async def signal(self, run_id: str, name: str, payload: Any = None) -> str:
+        """Send signal `name` to a run's mailbox; returns the signal id.
+
+        Example::
+
+            await client.signal(run_id, "approval", {"approved_by": "ada"})
+        """
+        req = runs_pb2.SignalRequest(run_id=run_id, name=name, payload=to_value(payload, "payload"))
+        return (await self._call(runs_pb2_grpc.RunsStub, "Signal", req)).signal_id
+
+    async def purge(self, older_than: Seconds, limit: int = 1000) -> int:
+        """Delete up to `limit` terminal runs finished more than `older_than` ago; returns how many.
+
+        Example::
+
+            while await client.purge(timedelta(days=30)) == 1000:
+                pass
+        """
+        req = runs_pb2.PurgeTerminalRunsRequest(older_than=to_duration(older_than, "older_than"), limit=limit)
+        return (await self._call(runs_pb2_grpc.RunsStub, "PurgeTerminalRuns", req)).deleted
+
+    async def stats(self) -> builtins.list[KindStats]:
+        """The backlog per step kind: available, running, oldest available age.
+
+        Example::
+
+            for k in await client.stats():
+                print(k.kind, k.available)
+        """
+        resp = await self._call(admin_pb2_grpc.AdminStub, "GetStats", admin_pb2.GetStatsRequest())
+        return [KindStats.from_proto(k) for k in resp.kinds]

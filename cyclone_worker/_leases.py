@@ -1,0 +1,181 @@
+"""The leases a worker holds: runs their handlers, keeps each result until the server acks it.
+
+This table outlives the streams: after a reconnect, its leases go out again in Hello.held
+and its unacked results are sent again on the new stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+from ._context import Context
+from ._errors import Permanent, outcome_of
+from ._proto import workers_pb2
+from ._values import to_duration, to_value
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["Held", "LeaseTable"]
+
+log = logging.getLogger("cyclone_worker")
+
+LeaseKey = tuple[str, int]  # (step_id, lease_generation)
+
+
+class Held:
+    """One lease: its handler runs, or its result waits for an ack."""
+
+    def __init__(self, lease: workers_pb2.Lease, ctx: Context) -> None:
+        self.lease = lease
+        self.ctx = ctx
+        self.key: LeaseKey = (lease.step_id, lease.lease_generation)
+        self.task: asyncio.Task[None] | None = None  # None: not started (deferred while draining)
+        self.result: workers_pb2.StepResult | None = None
+        self.stopped = False  # the server took the lease back (Stop, Welcome.lost) or the worker quit
+
+    def ref(self) -> workers_pb2.LeaseRef:
+        return workers_pb2.LeaseRef(step_id=self.key[0], lease_generation=self.key[1])
+
+    def answer(self, result: workers_pb2.StepResult) -> workers_pb2.StepResult:
+        result.step_id, result.lease_generation = self.key
+        return result
+
+
+class LeaseTable:
+    """Held leases by (step_id, generation), and the handlers that run them."""
+
+    def __init__(self, handlers: Mapping[str, Callable[[Context], Any]], worker_id: str, counts: Counter[str]) -> None:
+        self.handlers = handlers
+        self.worker_id = worker_id
+        self.counts = counts
+        self.held: dict[LeaseKey, Held] = {}
+        self.session: Session | None = None  # the stream results go out on, while one is up
+        self.draining = False  # new leases are held unstarted, and handed back at the end
+        self.changed = asyncio.Event()  # set whenever a lease ends or gets its result
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: Executor | None = None
+        self._pool: Any = None
+
+    def open(self, loop: asyncio.AbstractEventLoop, executor: Executor, pool: Any) -> None:
+        self._loop, self._executor, self._pool = loop, executor, pool
+
+    def refs(self) -> list[workers_pb2.LeaseRef]:
+        """What Hello.held lists: every lease the server has not taken back."""
+        return [h.ref() for h in self.held.values() if not h.stopped]
+
+    def welcomed(self, session: Session, lost: list[workers_pb2.LeaseRef]) -> list[workers_pb2.StepResult]:
+        """A new stream is up: stop the lost leases; returns the results to send on it."""
+        for ref in lost:
+            self.stop(ref, "lost")
+        self.session = session
+        return [h.result for h in self.held.values() if h.result is not None and not h.stopped]
+
+    def start(self, lease: workers_pb2.Lease) -> None:
+        if (lease.step_id, lease.lease_generation) in self.held:
+            return
+        assert self._loop is not None, "LeaseTable.open() first"
+        h = Held(lease, Context(lease, loop=self._loop, worker_id=self.worker_id, pool=self._pool))
+        self.held[h.key] = h
+        self.counts["leases"] += 1
+        if not self.draining:
+            h.task = asyncio.create_task(self._execute(h), name=f"cyclone-step-{lease.node}-{lease.step_id}")
+
+    def stop(self, ref: workers_pb2.LeaseRef, reason: str) -> None:
+        h = self.held.get((ref.step_id, ref.lease_generation))
+        if h is None:
+            return
+        h.stopped = True
+        self.counts[f"stopped_{reason}"] += 1
+        h.ctx.cancelled.set(reason)
+        if h.task is not None and not h.task.done():
+            h.task.cancel()  # a thread handler keeps running; its result is dropped
+        else:
+            self._drop(h)
+
+    def acked(self, ack: workers_pb2.ResultAck) -> None:
+        h = self.held.get((ack.step_id, ack.lease_generation))
+        if h is None:
+            return
+        status = workers_pb2.AckStatus.Name(ack.status).removeprefix("ACK_STATUS_").lower()
+        self.counts[status] += 1
+        if ack.status == workers_pb2.ACK_STATUS_INVALID and h.result is not None and h.result.HasField("completed"):
+            # The server could not read our output: fail the attempt instead, once.
+            log.error("cyclone: result for step %s refused as invalid: %s", ack.step_id, ack.detail)
+            self._finish(h, h.answer(outcome_of(Permanent(f"invalid result: {ack.detail}"))))
+            return
+        if ack.status != workers_pb2.ACK_STATUS_APPLIED and not h.ctx.completed_in_tx:
+            log.warning("cyclone: result for step %s (node %s, generation %d) refused: %s %s", ack.step_id,
+                        h.lease.node, ack.lease_generation, status, ack.detail)
+        self._drop(h)
+
+    async def _execute(self, h: Held) -> None:
+        fn = self.handlers.get(h.lease.kind)
+        result: workers_pb2.StepResult | None
+        try:
+            if fn is None:
+                raise LookupError(f"worker {self.worker_id} has no handler for kind {h.lease.kind!r}")
+            if inspect.iscoroutinefunction(fn):
+                out = await fn(h.ctx)
+            else:
+                loop = asyncio.get_running_loop()
+                out = await loop.run_in_executor(self._executor, contextvars.copy_context().run, fn, h.ctx)
+                if inspect.isawaitable(out):
+                    out = await out
+            try:
+                result = workers_pb2.StepResult(completed=workers_pb2.Completed(output=to_value(out, "output")))
+            except (TypeError, ValueError) as e:
+                result = outcome_of(Permanent(f"output is not JSON: {e}"))
+        except asyncio.CancelledError:
+            if not h.stopped:
+                raise  # the worker itself is being torn down
+            result = None
+        except Exception as e:  # noqa: BLE001 - every handler error becomes a result
+            result = outcome_of(e)
+        if h.ctx.completed_in_tx:
+            # The step completed in the handler's transaction; this answer only frees the slot.
+            result = workers_pb2.StepResult(completed=workers_pb2.Completed(output=to_value(h.ctx.tx_output)))
+        if result is None or h.stopped:
+            self._drop(h)
+            return
+        self._finish(h, h.answer(result))
+
+    def _finish(self, h: Held, result: workers_pb2.StepResult) -> None:
+        h.result = result
+        self.changed.set()
+        if self.session is not None:
+            self.session.send_result(result)
+
+    def _drop(self, h: Held) -> None:
+        self.held.pop(h.key, None)
+        self.changed.set()
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def running(self) -> int:
+        """Started leases not yet answered and acked."""
+        return sum(1 for h in self.held.values() if h.task is not None)
+
+    def give_back_unstarted(self) -> None:
+        """Answer every lease that never ran with a zero snooze: attempt and reclaims unchanged."""
+        for h in list(self.held.values()):
+            if h.task is None and h.result is None:
+                self._finish(h, h.answer(workers_pb2.StepResult(snoozed=workers_pb2.Snoozed(delay=to_duration(0)))))
+
+    async def abandon(self) -> None:
+        """Cancel every handler still running and forget every lease (the worker is gone)."""
+        tasks = [h.task for h in self.held.values() if h.task is not None and not h.task.done()]
+        for h in self.held.values():
+            h.stopped = True
+            h.ctx.cancelled.set("shutdown")
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.held.clear()

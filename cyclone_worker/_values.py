@@ -1,0 +1,141 @@
+"""Converts Python JSON-like values to and from google.protobuf.Value / Struct, and durations and times."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
+
+__all__ = ["Seconds", "to_value", "from_value", "to_struct", "from_struct",
+           "seconds_of", "to_duration", "from_duration", "to_timestamp", "from_timestamp"]
+
+# A duration as the SDK accepts it: seconds (int or float) or a timedelta.
+Seconds = float | int | timedelta
+
+# Value carries numbers as doubles: integers beyond this lose digits on the wire, so they
+# are refused rather than silently rounded.
+_MAX_SAFE_INT = 2**53
+
+
+def to_value(obj: Any, path: str = "value") -> struct_pb2.Value:
+    """`obj` (None, bool, int, float, str, list/tuple, dict with str keys) as a Value.
+
+    Anything else raises TypeError, and a number JSON cannot hold (NaN, infinity, an int
+    beyond 2**53) raises ValueError; both name the offending path, e.g. ``output.rows[2]``.
+    """
+    v = struct_pb2.Value()
+    _fill(v, obj, path)
+    return v
+
+
+def _fill(v: struct_pb2.Value, obj: Any, path: str) -> None:
+    if obj is None:
+        v.null_value = struct_pb2.NULL_VALUE
+    elif isinstance(obj, bool):  # before int: bool is an int subclass
+        v.bool_value = obj
+    elif isinstance(obj, int):
+        if abs(obj) > _MAX_SAFE_INT:
+            raise ValueError(f"{path}: integer {obj} is too large for JSON numbers (limit 2**53); send it as a string")
+        v.number_value = obj
+    elif isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"{path}: {obj} is not a JSON number")
+        v.number_value = obj
+    elif isinstance(obj, str):
+        v.string_value = obj
+    elif isinstance(obj, Mapping):
+        v.struct_value.SetInParent()  # an empty dict must stay an object, not become null
+        _fill_struct(v.struct_value, obj, path)
+    elif isinstance(obj, (list, tuple)):
+        v.list_value.SetInParent()
+        for i, item in enumerate(obj):
+            _fill(v.list_value.values.add(), item, f"{path}[{i}]")
+    else:
+        raise TypeError(f"{path}: {type(obj).__name__} is not JSON (use dict, list, str, int, float, bool or None)")
+
+
+def _fill_struct(s: struct_pb2.Struct, obj: Mapping[Any, Any], path: str) -> None:
+    for key, item in obj.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{path}: key {key!r} is not a string (JSON object keys are strings)")
+        _fill(s.fields[key], item, f"{path}.{key}")
+
+
+def from_value(v: struct_pb2.Value | None) -> Any:
+    """A Value as plain Python; integral numbers come back as int. None or unset is None."""
+    if v is None:
+        return None
+    which = v.WhichOneof("kind")
+    if which is None or which == "null_value":
+        return None
+    if which == "bool_value":
+        return v.bool_value
+    if which == "number_value":
+        n = v.number_value
+        return int(n) if n.is_integer() and abs(n) <= _MAX_SAFE_INT else n
+    if which == "string_value":
+        return v.string_value
+    if which == "struct_value":
+        return from_struct(v.struct_value)
+    return [from_value(item) for item in v.list_value.values]
+
+
+def to_struct(obj: Mapping[str, Any] | None, path: str = "value") -> struct_pb2.Struct:
+    """A dict with str keys as a Struct (None gives an empty Struct)."""
+    s = struct_pb2.Struct()
+    if obj is not None:
+        if not isinstance(obj, Mapping):
+            raise TypeError(f"{path}: {type(obj).__name__} is not a JSON object")
+        _fill_struct(s, obj, path)
+    return s
+
+
+def from_struct(s: struct_pb2.Struct | None) -> dict[str, Any]:
+    """A Struct as a plain dict."""
+    if s is None:
+        return {}
+    return {key: from_value(item) for key, item in s.fields.items()}
+
+
+def seconds_of(d: Seconds, field: str = "duration") -> float:
+    """Seconds (int, float or timedelta) as a float; negative values raise ValueError."""
+    if isinstance(d, timedelta):
+        secs = d.total_seconds()
+    elif isinstance(d, (int, float)) and not isinstance(d, bool):
+        secs = float(d)
+    else:
+        raise TypeError(f"{field}: expected seconds (a number) or a timedelta, got {type(d).__name__}")
+    if not math.isfinite(secs) or secs < 0:
+        raise ValueError(f"{field}: {secs} is not a non-negative duration")
+    return secs
+
+
+def to_duration(d: Seconds, field: str = "duration") -> duration_pb2.Duration:
+    """Seconds or a timedelta as a Duration."""
+    out = duration_pb2.Duration()
+    out.FromTimedelta(timedelta(seconds=seconds_of(d, field)))
+    return out
+
+
+def from_duration(d: duration_pb2.Duration) -> float:
+    """A Duration as float seconds."""
+    return d.seconds + d.nanos / 1e9
+
+
+def to_timestamp(t: datetime, field: str = "time") -> timestamp_pb2.Timestamp:
+    """An aware datetime as a Timestamp (a naive one is refused: its zone would be a guess)."""
+    if not isinstance(t, datetime):
+        raise TypeError(f"{field}: expected a datetime, got {type(t).__name__}")
+    if t.tzinfo is None:
+        raise ValueError(f"{field}: datetime must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    out = timestamp_pb2.Timestamp()
+    out.FromDatetime(t.astimezone(timezone.utc))
+    return out
+
+
+def from_timestamp(t: timestamp_pb2.Timestamp) -> datetime:
+    """A Timestamp as an aware UTC datetime."""
+    return t.ToDatetime(tzinfo=timezone.utc)

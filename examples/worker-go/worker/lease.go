@@ -1,0 +1,137 @@
+// Package worker is the worker side of Cyclone's Workers.Connect stream, written from
+// proto/ alone. This file holds what a handler sees: the lease, the outcomes it can
+// return, and their conversion to and from the wire.
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"cyclone.example/pb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Lease is everything a handler learns about the step it runs (Lease in workers.proto).
+type Lease struct {
+	RunID           string
+	StepID          string
+	Node            string
+	Kind            string
+	Attempt         int32
+	MaxAttempts     int32
+	Reclaims        int32
+	LeaseGeneration int64
+	// Input is the run input as encoding/json would decode it (nil for JSON null).
+	Input interface{}
+	// Parents holds the outputs of the node's dependencies, by node id.
+	Parents         map[string]interface{}
+	AttemptDeadline time.Time
+
+	stopReason atomic.Value // string, set before the handler's context is cancelled
+}
+
+// StopReason tells why the handler's context was cancelled: Stop.reason ("cancelled",
+// "fenced", "timeout", "shutdown"), "lost" (refused after a reconnect) or "shutdown"
+// (the worker stops). Empty while the lease is valid.
+func (l *Lease) StopReason() string {
+	s, _ := l.stopReason.Load().(string)
+	return s
+}
+
+// Handler runs one step. Its context is cancelled when the server says Stop. Return the
+// output (anything encoding/json can marshal) or an error: Permanent(err),
+// RetryAfter(err, d), Snooze(d), or any other error for a retryable failure.
+//
+//	handlers := map[string]worker.Handler{
+//		"resize": func(ctx context.Context, l *worker.Lease) (interface{}, error) {
+//			return map[string]interface{}{"ok": true}, nil
+//		},
+//	}
+type Handler func(ctx context.Context, lease *Lease) (interface{}, error)
+
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent fails the step for good: it is not retried (Failed.permanent).
+func Permanent(err error) error { return permanentError{err} }
+
+type retryError struct {
+	err   error
+	delay time.Duration
+}
+
+func (e retryError) Error() string { return e.err.Error() }
+func (e retryError) Unwrap() error { return e.err }
+
+// RetryAfter fails this attempt and asks for the retry after d instead of the node's
+// backoff (Failed.retry_delay).
+func RetryAfter(err error, d time.Duration) error { return retryError{err, d} }
+
+type snoozeError struct{ delay time.Duration }
+
+func (e snoozeError) Error() string { return fmt.Sprintf("snooze %s", e.delay) }
+
+// Snooze asks to run the step again after d; it is not a failure (Snoozed).
+func Snooze(d time.Duration) error { return snoozeError{d} }
+
+func leaseFromWire(l *pb.Lease) *Lease {
+	lease := &Lease{
+		RunID: l.RunId, StepID: l.StepId, Node: l.Node, Kind: l.Kind,
+		Attempt: l.Attempt, MaxAttempts: l.MaxAttempts, Reclaims: l.Reclaims,
+		LeaseGeneration: l.LeaseGeneration,
+		Input:           l.GetInput().AsInterface(),
+		Parents:         l.GetParents().AsMap(),
+	}
+	if l.AttemptDeadline != nil {
+		lease.AttemptDeadline = l.AttemptDeadline.AsTime()
+	}
+	return lease
+}
+
+// toValue turns any JSON-marshalable value into a google.protobuf.Value by way of
+// encoding/json, so that structs with json tags work as outputs.
+func toValue(out interface{}) (*structpb.Value, error) {
+	raw, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("output is not JSON: %w", err)
+	}
+	var generic interface{}
+	if err := json.Unmarshal(raw, &generic); err != nil {
+		return nil, fmt.Errorf("output is not JSON: %w", err)
+	}
+	return structpb.NewValue(generic)
+}
+
+// resultFor turns a handler's return into the StepResult that answers its lease.
+func resultFor(l *Lease, out interface{}, err error) *pb.StepResult {
+	r := &pb.StepResult{StepId: l.StepID, LeaseGeneration: l.LeaseGeneration}
+	if err == nil {
+		v, convErr := toValue(out)
+		if convErr == nil {
+			r.Outcome = &pb.StepResult_Completed{Completed: &pb.Completed{Output: v}}
+			return r
+		}
+		err = convErr
+	}
+	var snooze snoozeError
+	var permanent permanentError
+	var retry retryError
+	switch {
+	case errors.As(err, &snooze):
+		r.Outcome = &pb.StepResult_Snoozed{Snoozed: &pb.Snoozed{Delay: durationpb.New(snooze.delay)}}
+	case errors.As(err, &permanent):
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), Permanent: true}}
+	case errors.As(err, &retry):
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), RetryDelay: durationpb.New(retry.delay)}}
+	default:
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error()}}
+	}
+	return r
+}

@@ -1,0 +1,158 @@
+"""The scenarios every non-Python demo worker must pass end to end; a test module subclasses
+`WorkerScenarios` and names the language (see polyglot_harness.py for the workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from cyclone_worker._proto import types_pb2
+from polyglot_harness import (DemoWorker, Runs, StreamBreaker, WorkerFixtures, state_name, step_of, task, to_py,
+                              wait_for_file, wait_until)
+
+RUNNING, COMPLETED = types_pb2.STEP_STATE_RUNNING, types_pb2.STEP_STATE_COMPLETED
+
+
+class WorkerScenarios(WorkerFixtures):
+    """The worker side of the protocol, end to end, for the demo worker of `lang`."""
+
+    lang: str
+
+    def expected(self, worker: DemoWorker, node: str, value: int, parents: dict[str, str]) -> dict[str, Any]:
+        return {"lang": self.lang, "worker": worker.worker_id, "node": node, "attempt": 1,
+                "value": value, "from": parents}
+
+    @pytest.fixture
+    def runs(self, channel: grpc.aio.Channel) -> Runs:
+        return Runs(channel)
+
+    async def test_dag_with_retry_then_success(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        worker = launch_worker(self.lang, server.address, {"ok": "succeed", "flaky": "fail:2"})
+        run = await runs.wait(await runs.start("retry", [
+            task("a", "ok"), task("b", "flaky", ["a"], max_attempts=5), task("c", "ok", ["b"])], {"value": 1}))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        b = step_of(run, "b")
+        assert b.attempt == 3
+        assert [(e.attempt, e.error_kind) for e in b.errors] == [(1, "error"), (2, "error")]
+        assert b.errors[0].message == "planned failure 1 of 2"
+        assert {s.lease_owner for s in run.steps} == {worker.worker_id}
+        assert to_py(step_of(run, "a").output) == self.expected(worker, "a", 2, {})
+        assert to_py(run.result) == {"c": self.expected(worker, "c", 4, {"b": self.lang})}
+
+    async def test_permanent_failure_fails_the_run(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        launch_worker(self.lang, server.address, {"ok": "succeed", "broken": "permanent"})
+        run = await runs.wait(await runs.start("permanent", [
+            task("a", "ok"), task("b", "broken", ["a"]), task("c", "ok", ["b"])]))
+        assert state_name(run) == "RUN_STATE_FAILED"
+        b = step_of(run, "b")
+        assert (b.state, b.error_kind, b.attempt) == (types_pb2.STEP_STATE_DISCARDED, "permanent", 1)
+        assert [e.message for e in b.errors] == ["planned permanent failure of b"]
+        c = step_of(run, "c")
+        assert (c.state, c.cancel_cause) == (types_pb2.STEP_STATE_CANCELLED, "fail_fast")
+
+    async def test_cancel_stops_the_running_handler(self, server: Any, runs: Runs, launch_worker: Any,
+                                                    markers: Path) -> None:
+        worker = launch_worker(self.lang, server.address, {"slow": "block", "ok": "succeed"}, slots=1)
+        run_id = await runs.start("cancel", [task("slow", "slow")])
+        step = await runs.wait_step(run_id, "slow", RUNNING)
+        await wait_for_file(markers / f"{step.id}.started")
+        assert state_name(await runs.cancel(run_id)) == "RUN_STATE_CANCELLED"
+        # The handler saw the server's Stop, with its reason.
+        assert await wait_for_file(markers / f"{step.id}.stopped") == "cancelled"
+        # The Stop freed the worker's only slot: the next run is served by it.
+        run = await runs.wait(await runs.start("after-cancel", [task("a", "ok")]))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        assert step_of(run, "a").lease_owner == worker.worker_id
+
+    async def test_snooze_runs_the_step_again_later(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        worker = launch_worker(self.lang, server.address, {"later": "snooze:0.3"})
+        run = await runs.wait(await runs.start("snooze", [task("later", "later")], {"value": 5}))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        step = step_of(run, "later")
+        assert (step.snoozes, step.attempt, len(step.errors)) == (1, 1, 0)
+        assert step.lease_generation == 2  # one lease answered with Snoozed, then the one that completed
+        assert to_py(step.output) == self.expected(worker, "later", 6, {})
+
+    async def test_killed_worker_step_is_reclaimed_by_another(self, server: Any, runs: Runs,
+                                                             launch_worker: Any, markers: Path) -> None:
+        first = launch_worker(self.lang, server.address, {"stuck": "hang"})
+        run_id = await runs.start("reclaim", [task("stuck", "stuck")])
+        step = await runs.wait_step(run_id, "stuck", RUNNING)
+        assert step.lease_owner == first.worker_id
+        await wait_for_file(markers / f"{step.id}.started")  # the handler runs: kill it mid-step
+        first.kill()
+        second = launch_worker(self.lang, server.address, {"stuck": "succeed"})
+        run = await runs.wait(run_id)
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        step = step_of(run, "stuck")
+        assert (step.reclaims, step.attempt, step.lease_generation) == (1, 1, 2)
+        assert step.lease_owner == second.worker_id
+        assert to_py(step.output)["worker"] == second.worker_id
+
+    async def test_sigterm_drains_and_hands_back_new_leases(self, server: Any, runs: Runs, launch_worker: Any,
+                                                           markers: Path) -> None:
+        worker = launch_worker(self.lang, server.address, {"nap": "sleep:3", "ok": "succeed"}, slots=2)
+        first = await runs.start("drain", [task("nap", "nap")])
+        step = await runs.wait_step(first, "nap", RUNNING)
+        await wait_for_file(markers / f"{step.id}.started")
+        worker.proc.send_signal(signal.SIGTERM)
+
+        async def draining() -> bool:
+            return "draining" in worker.log_text()
+        await wait_until(draining, "the worker to start draining")
+        # Pushed into the free slot while the worker drains: it must come back unrun.
+        second = await runs.start("drained", [task("a", "ok")])
+        assert await asyncio.to_thread(worker.proc.wait, 30) == 0
+        assert (await runs.step(first, "nap")).state == COMPLETED  # the running handler finished
+        handed_back = await runs.step(second, "a")
+        assert (handed_back.state, handed_back.lease_owner) == (types_pb2.STEP_STATE_AVAILABLE, worker.worker_id)
+        assert (handed_back.snoozes, handed_back.attempt, handed_back.lease_generation) == (1, 1, 1)
+        other = launch_worker(self.lang, server.address, {"ok": "succeed"})
+        assert step_of(await runs.wait(second), "a").lease_owner == other.worker_id
+
+    async def test_reconnect_keeps_the_held_lease(self, start_server: Any, db_url: str, launch_worker: Any,
+                                                  markers: Path) -> None:
+        server = start_server(db_url, lease_ttl=3)
+        breaker = StreamBreaker(server.address)
+        worker = launch_worker(self.lang, await breaker.start(), {"nap": "sleep:5"})
+        try:
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                runs = Runs(channel)
+                run_id = await runs.start("held", [task("nap", "nap")])
+                step = await runs.wait_step(run_id, "nap", RUNNING)
+                await wait_for_file(markers / f"{step.id}.started")
+                breaker.drop()  # the worker reconnects at once, listing the lease in Hello.held
+                run = await runs.wait(run_id)
+        finally:
+            await breaker.close()
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        done = step_of(run, "nap")
+        # The handler outlived the 3 s TTL: only renewals of the held lease kept it from a reclaim.
+        assert (done.lease_generation, done.reclaims, done.lease_owner) == (1, 0, worker.worker_id)
+        assert worker.log_text().count("welcome from") == 2
+
+    async def test_reconnect_delivers_a_result_made_while_disconnected(
+            self, start_server: Any, db_url: str, launch_worker: Any, markers: Path) -> None:
+        # A long TTL: the lease must outlive the server's restart, so only the stream breaks.
+        server = start_server(db_url, lease_ttl=30)
+        worker = launch_worker(self.lang, server.address, {"nap": "sleep:2"})
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            run_id = await Runs(channel).start("reconnect", [task("nap", "nap")])
+            step = await Runs(channel).wait_step(run_id, "nap", RUNNING)
+        await wait_for_file(markers / f"{step.id}.started")
+        server.kill()
+        await wait_for_file(markers / f"{step.id}.done")  # the result now waits in the worker
+        server.restart()
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            run = await Runs(channel).wait(run_id)
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        done = step_of(run, "nap")
+        # Hello listed the held lease, the server kept it, and the result was applied under it.
+        assert (done.lease_generation, done.reclaims, done.lease_owner) == (1, 0, worker.worker_id)
+        assert worker.log_text().count("welcome from") == 2

@@ -1,0 +1,150 @@
+"""The SDK's Client against a real server: every call, its dataclasses, and its errors."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import grpc
+import pytest
+
+from cyclone_worker import (Client, Context, CycloneClientError, Permanent, RunCancelled, RunFailed, Worker,
+                            Workflow)
+
+DEADLINE = 60.0
+
+
+@pytest.fixture
+async def client(server: Any) -> Any:
+    async with Client(server.address) as c:
+        yield c
+
+
+async def test_register_is_idempotent_and_versions_changes(client: Client) -> None:
+    first = await client.register(Workflow("etl").task("extract").task("load", deps=["extract"]))
+    again = await client.register(Workflow("etl").task("extract").task("load", deps=["extract"]))
+    changed = await client.register(Workflow("etl").task("extract").task("load", deps=["extract"], max_attempts=3))
+    assert (first.created, first.version, again.created, again.version) == (True, 1, False, 1)
+    assert (changed.created, changed.version) == (True, 2)
+    assert changed.nodes[1]["max_attempts"] == 3 and changed.nodes[1]["deps"] == ["extract"]
+    assert (await client.get_workflow("etl", version=1)).nodes[1]["max_attempts"] == 25
+    assert (await client.get_workflow("etl")).version == 2
+    assert [(w.name, w.version) for w in await client.list_workflows("et", all_versions=True)] == [("etl", 1),
+                                                                                                    ("etl", 2)]
+    with pytest.raises(CycloneClientError) as e:
+        await client.register(Workflow("bad").task("a", deps=["nowhere"]))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "nowhere" in e.value.message
+    with pytest.raises(CycloneClientError) as e:
+        await client.get_workflow("missing")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_submit_get_list_and_idempotency(client: Client) -> None:
+    await client.register(Workflow("hello").task("greet"))
+    run_id = await client.submit("hello", {"name": "Ada"}, idempotency_key="k1", priority=4, deadline=3600)
+    assert await client.submit("hello", {"name": "Ada"}, idempotency_key="k1", priority=4, deadline=3600) == run_id
+    run = await client.get(run_id)
+    assert (run.workflow, run.workflow_version, run.state, run.input, run.priority) == ("hello", 1, "running",
+                                                                                        {"name": "Ada"}, 4)
+    assert run.deadline is not None and run.deadline > datetime.now(timezone.utc)
+    assert [(s.node, s.state, s.attempt, s.lease_generation) for s in run.steps] == [("greet", "available", 1, 0)]
+    listed = await client.list(workflow="hello", states=["running"], include_steps=True)
+    assert [r.id for r in listed] == [run_id] and listed[0].steps[0].node == "greet"
+    assert await client.list(states=["completed"]) == []
+    with pytest.raises(CycloneClientError) as e:
+        await client.submit("nope")
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(CycloneClientError) as e:
+        await client.get("not-an-id")
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(ValueError, match="states"):
+        await client.list(states=["done"])
+
+
+async def test_wait_returns_the_unfinished_run_at_timeout_and_result_raises(client: Client) -> None:
+    run_id = await client.enqueue("nobody-runs-this", scheduled_at=timedelta(hours=1))
+    run = await client.wait(run_id, timeout=0.3)
+    assert run.state == "running" and not run.terminal
+    assert run.steps[0].scheduled_at is not None and run.steps[0].scheduled_at > datetime.now(timezone.utc)
+    with pytest.raises(TimeoutError):
+        await client.result(run_id, timeout=0.3)
+    stats = {k.kind: k for k in await client.stats()}
+    assert stats["nobody-runs-this"].available == 1 and stats["nobody-runs-this"].running == 0
+
+
+async def test_pause_resume_cancel(client: Client) -> None:
+    run_id = await client.enqueue("idle")
+    assert (await client.pause(run_id)).steps[0].state == "paused"
+    run = await client.resume(run_id)
+    assert (run.state, run.steps[0].state) == ("running", "available")
+    assert (await client.cancel(run_id)).state == "cancelled"
+    assert (await client.cancel(run_id)).state == "cancelled"  # idempotent
+    with pytest.raises(RunCancelled):
+        await client.result(run_id, timeout=5)
+    with pytest.raises(CycloneClientError) as e:
+        await client.pause(run_id)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_signal_sleep_and_child_nodes(client: Client) -> None:
+    await client.register(Workflow("approve").signal("approval", name="approved"))
+    await client.register(Workflow("parent").sleep("nap", 0.2).child("sub", "approve", deps=["nap"]))
+    run_id = await client.submit("parent", {"order": 9})
+    run = await client.wait(run_id, timeout=0.1)
+    assert run.step("nap").state in ("waiting_timer", "completed")
+
+    async def child_run_id() -> str:
+        while not (await client.get(run_id)).step("sub").child_run_id:
+            await asyncio.sleep(0.05)
+        return (await client.get(run_id)).step("sub").child_run_id
+
+    child = await asyncio.wait_for(child_run_id(), DEADLINE)
+    assert (await client.get(child)).parent_run_id == run_id
+    assert await client.signal(child, "approved", {"by": "ada"})
+    assert await client.result(run_id, timeout=DEADLINE) == {"sub": {"approval": {"by": "ada"}}}
+    assert "fired_at" in (await client.get(run_id)).step("nap").output
+
+
+async def test_retry_and_retry_all_reopen_discarded_nodes(server: Any, client: Client) -> None:
+    await client.register(Workflow("twice").task("a").task("b"))
+    calls: dict[str, int] = {}
+    worker = Worker(server.address, slots=2)
+
+    async def fail_first(ctx: Context) -> str:
+        calls[ctx.node] = calls.get(ctx.node, 0) + 1
+        if ctx.node == "a" and calls[ctx.node] == 1:
+            raise Permanent(f"{ctx.node} broke")
+        return f"{ctx.node} ok"
+
+    worker.register("a", fail_first)
+    worker.register("b", fail_first)
+    async with worker:
+        one = await client.enqueue("a")
+        with pytest.raises(RunFailed):
+            await client.result(one, timeout=DEADLINE)
+        assert (await client.retry(one, "a")).state == "running"
+        assert await client.result(one, timeout=DEADLINE) == {"a": "a ok"}
+
+        calls.clear()
+        both = await client.submit("twice")
+        with pytest.raises(RunFailed) as failed:
+            await client.result(both, timeout=DEADLINE)
+        assert [s.node for s in failed.value.run.steps if s.state == "discarded"] == ["a"]
+        await client.retry_all(both)
+        # "b" completed before the discard, or was cancelled by fail-fast and reopened with "a".
+        assert await client.result(both, timeout=DEADLINE) == {"a": "a ok", "b": "b ok"}
+    with pytest.raises(CycloneClientError) as e:
+        await client.retry(both, "a")
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_purge_deletes_terminal_runs(client: Client) -> None:
+    done = await client.enqueue("x")
+    await client.cancel(done)
+    kept = await client.enqueue("x")
+    assert await client.purge(timedelta(0)) == 1
+    with pytest.raises(CycloneClientError) as e:
+        await client.get(done)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+    assert (await client.get(kept)).state == "running"

@@ -1,0 +1,448 @@
+"""The worker stream (Workers.Connect) against a real server, spoken with the raw generated stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2, struct_pb2
+
+from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
+from cyclone_worker._proto import workers_pb2 as pb
+from cyclone_worker._proto import workers_pb2_grpc
+
+DEADLINE = 30.0
+
+
+class RawWorker:
+    """A worker written against the stubs only: answers Pings, sorts what the server sends."""
+
+    def __init__(self, channel: grpc.aio.Channel, kinds: list[str], slots: int, *,
+                 worker_id: str | None = None, held: list[pb.LeaseRef] = (), pong: bool = True) -> None:
+        self.stub = workers_pb2_grpc.WorkersStub(channel)
+        self.hello = pb.Hello(worker_id=worker_id or f"raw-{uuid.uuid4()}", kinds=kinds, slots=slots,
+                              held=list(held), sdk="test/raw")
+        self.inbox: dict[str, asyncio.Queue[Any]] = {k: asyncio.Queue() for k in ("welcome", "leases", "acks", "stop")}
+        self.pings = 0
+        self.pong = pong
+        self.call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self.ended: grpc.aio.AioRpcError | None = None
+
+    async def connect(self) -> pb.Welcome:
+        self.call = self.stub.Connect()
+        await self.call.write(pb.WorkerMessage(hello=self.hello))
+        self._reader = asyncio.create_task(self._read())
+        return await self.next("welcome")
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self.call:
+                which = msg.WhichOneof("msg")
+                if which == "ping":
+                    self.pings += 1
+                    if self.pong:
+                        await self.call.write(pb.WorkerMessage(pong=pb.Pong(nonce=msg.ping.nonce)))
+                else:
+                    self.inbox[which].put_nowait(getattr(msg, which))
+        except grpc.aio.AioRpcError as e:
+            self.ended = e
+
+    async def next(self, kind: str, timeout: float = DEADLINE) -> Any:
+        return await asyncio.wait_for(self.inbox[kind].get(), timeout)
+
+    async def leases(self, n: int, timeout: float = DEADLINE) -> list[pb.Lease]:
+        """The next `n` leases (they may come in several Leases messages)."""
+        out: list[pb.Lease] = []
+        while len(out) < n:
+            out += (await self.next("leases", timeout)).leases
+        return out
+
+    async def acks(self, n: int) -> list[pb.ResultAck]:
+        out: list[pb.ResultAck] = []
+        while len(out) < n:
+            out += (await self.next("acks")).acks
+        return out
+
+    async def send(self, *results: pb.StepResult) -> None:
+        await self.call.write(pb.WorkerMessage(results=pb.Results(results=list(results))))
+
+    async def close(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+def completed(lease: pb.Lease, output: Any = None, generation: int | None = None) -> pb.StepResult:
+    value = struct_pb2.Value()
+    if output is not None:
+        value.string_value = str(output)
+    return pb.StepResult(step_id=lease.step_id,
+                         lease_generation=lease.lease_generation if generation is None else generation,
+                         completed=pb.Completed(output=value))
+
+
+async def enqueue(channel: grpc.aio.Channel, kind: str, n: int = 1, **options: Any) -> list[runs_pb2.EnqueueResponse]:
+    runs = runs_pb2_grpc.RunsStub(channel)
+    return [await runs.Enqueue(runs_pb2.EnqueueRequest(kind=kind, **options)) for _ in range(n)]
+
+
+async def get_step(channel: grpc.aio.Channel, run_id: str) -> types_pb2.Step:
+    run = await runs_pb2_grpc.RunsStub(channel).GetRun(runs_pb2.GetRunRequest(run_id=run_id))
+    return run.steps[0]
+
+
+async def until(cond: Callable[[], Any], deadline: float = DEADLINE) -> Any:
+    end = time.monotonic() + deadline
+    while True:
+        value = await cond()
+        if value:
+            return value
+        assert time.monotonic() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def workers(channel: grpc.aio.Channel):
+    made: list[RawWorker] = []
+
+    def make(kinds: list[str], slots: int, *, on: grpc.aio.Channel | None = None, **kw: Any) -> RawWorker:
+        w = RawWorker(on or channel, kinds, slots, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        await w.close()
+
+
+async def test_hello_is_answered_with_welcome(workers) -> None:
+    welcome = await workers(["resize"], 1).connect()
+    assert welcome.server_id
+    assert welcome.lease_ttl.ToTimedelta().total_seconds() == 2
+    assert welcome.heartbeat_interval.ToTimedelta().total_seconds() == pytest.approx(2 / 3, abs=0.01)
+    assert list(welcome.lost) == []
+
+
+async def test_leases_never_exceed_slots_and_follow_results(channel, workers) -> None:
+    jobs = await enqueue(channel, "resize", 5)
+    w = workers(["resize"], 2)
+    await w.connect()
+    first = await w.leases(2)
+    # Two heartbeats later the server has had every chance to push more: it did not.
+    await until(lambda: asyncio.sleep(0, w.pings >= 2))
+    assert w.inbox["leases"].empty()
+    states = [(await get_step(channel, j.run_id)).state for j in jobs]
+    assert states.count(types_pb2.STEP_STATE_RUNNING) == 2
+    done = 0
+    held = list(first)
+    while held:
+        lease = held.pop()
+        await w.send(completed(lease))
+        (a,) = await w.acks(1)
+        assert (a.step_id, a.lease_generation, a.status) == (lease.step_id, lease.lease_generation,
+                                                             pb.ACK_STATUS_APPLIED)
+        done += 1
+        if done + len(held) < 5:
+            held += await w.leases(1)  # the freed slot is filled without asking
+        assert len(held) <= 2
+    assert done == 5
+    for j in jobs:
+        assert (await get_step(channel, j.run_id)).state == types_pb2.STEP_STATE_COMPLETED
+
+
+async def test_results_batched_in_one_message_each_get_an_ack(channel, workers) -> None:
+    await enqueue(channel, "resize", 4)
+    w = workers(["resize"], 4)
+    await w.connect()
+    leases = await w.leases(4)
+    await w.send(*(completed(lease, i) for i, lease in enumerate(leases)))
+    acks = await w.acks(4)
+    assert {(a.step_id, a.lease_generation) for a in acks} == {(x.step_id, x.lease_generation) for x in leases}
+    assert {a.status for a in acks} == {pb.ACK_STATUS_APPLIED}
+
+
+async def test_a_stale_generation_is_refused_and_changes_nothing(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 1)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    await w.send(completed(lease, generation=lease.lease_generation + 7))
+    (a,) = await w.acks(1)
+    assert a.status == pb.ACK_STATUS_STALE
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.lease_generation) == (types_pb2.STEP_STATE_RUNNING, lease.lease_generation)
+    await w.send(completed(lease))
+    assert (await w.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+
+
+async def test_unknown_and_malformed_steps_are_refused_unknown(workers) -> None:
+    w = workers(["resize"], 1)
+    await w.connect()
+    await w.send(pb.StepResult(step_id=str(uuid.uuid4()), lease_generation=1, completed=pb.Completed()),
+                 pb.StepResult(step_id="not-a-step", lease_generation=1, completed=pb.Completed()))
+    acks = await w.acks(2)
+    assert [a.status for a in acks] == [pb.ACK_STATUS_UNKNOWN] * 2
+
+
+async def test_a_result_without_outcome_is_invalid_and_keeps_the_lease(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 1)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation))
+    (a,) = await w.acks(1)
+    assert a.status == pb.ACK_STATUS_INVALID and "outcome" in a.detail
+    assert (await get_step(channel, job.run_id)).state == types_pb2.STEP_STATE_RUNNING
+    await w.send(completed(lease))
+    assert (await w.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+
+
+async def test_an_output_that_cannot_be_stored_is_invalid_and_spares_the_rest_of_the_batch(channel, workers) -> None:
+    await enqueue(channel, "resize", 2)
+    w = workers(["resize"], 2)
+    await w.connect()
+    bad, good = await w.leases(2)
+    await w.send(completed(bad, "nul \x00 byte"), completed(good, "fine"))
+    acks = {a.step_id: a for a in await w.acks(2)}
+    assert acks[good.step_id].status == pb.ACK_STATUS_APPLIED
+    assert acks[bad.step_id].status == pb.ACK_STATUS_INVALID
+    assert "completed.output" in acks[bad.step_id].detail
+    await w.send(completed(bad, "no nul byte"))
+    assert (await w.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+
+
+@pytest.mark.parametrize("first, field", [
+    (pb.WorkerMessage(pong=pb.Pong(nonce=1)), "first message must be hello"),
+    (pb.WorkerMessage(hello=pb.Hello(worker_id="w", kinds=["a"], slots=0)), "hello.slots"),
+    (pb.WorkerMessage(hello=pb.Hello(worker_id="w", slots=1)), "hello.kinds"),
+    (pb.WorkerMessage(hello=pb.Hello(kinds=["a"], slots=1)), "hello.worker_id"),
+    (pb.WorkerMessage(hello=pb.Hello(worker_id="w", kinds=["no spaces"], slots=1)), "hello.kinds"),
+])
+async def test_a_bad_opening_ends_the_stream_with_invalid_argument(channel, first, field) -> None:
+    call = workers_pb2_grpc.WorkersStub(channel).Connect()
+    await call.write(first)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await asyncio.wait_for(call.read(), DEADLINE)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in e.value.details()
+
+
+async def test_a_second_hello_ends_the_stream_with_invalid_argument(workers) -> None:
+    w = workers(["resize"], 1)
+    await w.connect()
+    await w.call.write(pb.WorkerMessage(hello=w.hello))
+    await until(lambda: asyncio.sleep(0, w.ended))
+    assert w.ended.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hello" in w.ended.details()
+
+
+async def test_a_worker_that_stops_answering_pings_is_disconnected(workers) -> None:
+    w = workers(["resize"], 1, pong=False)
+    await w.connect()
+    await until(lambda: asyncio.sleep(0, w.ended))
+    assert w.ended.code() == grpc.StatusCode.UNAVAILABLE
+    assert "pong" in w.ended.details()
+    assert w.pings >= 2
+
+
+async def test_a_half_closed_stream_gets_its_acks_then_ends_ok(channel, workers) -> None:
+    await enqueue(channel, "resize", 2)
+    w = workers(["resize"], 2)
+    await w.connect()
+    leases = await w.leases(2)
+    await w.send(*(completed(x) for x in leases))
+    await w.call.done_writing()
+    acks = await w.acks(2)
+    assert {a.status for a in acks} == {pb.ACK_STATUS_APPLIED}
+    assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
+
+
+async def test_an_output_over_the_limit_discards_the_step_and_is_acked_applied(db_url, start_server) -> None:
+    srv = start_server(db_url, extra_args=["--max-payload-bytes", "100"])
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        (job,) = await enqueue(channel, "resize")
+        w = RawWorker(channel, ["resize"], 1)
+        try:
+            await w.connect()
+            (lease,) = await w.leases(1)
+            await w.send(completed(lease, "x" * 500))
+            (a,) = await w.acks(1)
+            assert (a.status, a.detail) == (pb.ACK_STATUS_APPLIED, "output_too_large")
+            step = await get_step(channel, job.run_id)
+            assert (step.state, step.error_kind, step.reason) == (types_pb2.STEP_STATE_DISCARDED, "permanent",
+                                                                  "output_too_large")
+        finally:
+            await w.close()
+
+
+async def test_cancelling_a_run_stops_the_handler_and_fences_its_result(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 1)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    await runs_pb2_grpc.RunsStub(channel).CancelRun(runs_pb2.CancelRunRequest(run_id=job.run_id))
+    # Renewal runs every lease_ttl/3 (0.67 s): a few seconds of slack on a busy machine.
+    stop = await w.next("stop", timeout=10)
+    assert stop.reason == "cancelled"
+    assert [(r.step_id, r.lease_generation) for r in stop.leases] == [(lease.step_id, lease.lease_generation)]
+    await w.send(completed(lease))
+    assert (await w.acks(1))[0].status == pb.ACK_STATUS_ENDED
+    assert (await get_step(channel, job.run_id)).state == types_pb2.STEP_STATE_CANCELLED
+
+
+async def test_an_attempt_timeout_stops_the_handler_with_reason_timeout(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize", attempt_timeout=duration_pb2.Duration(seconds=1),
+                           backoff_initial=duration_pb2.Duration(seconds=60))
+    w = workers(["resize"], 1)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    stop = await w.next("stop")
+    assert stop.reason == "timeout"
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.attempt, step.errors[-1].error_kind) == (types_pb2.STEP_STATE_AVAILABLE, 2, "timeout")
+
+
+async def test_a_dropped_stream_lease_expires_and_another_worker_gets_the_step(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w1 = workers(["resize"], 1)
+    await w1.connect()
+    (lease,) = await w1.leases(1)
+    await w1.close()
+    w2 = workers(["resize"], 1)
+    await w2.connect()
+    (again,) = await w2.leases(1)
+    assert again.step_id == lease.step_id
+    assert again.lease_generation > lease.lease_generation
+    assert (again.attempt, again.reclaims) == (1, 1)
+    await w2.send(completed(again))
+    assert (await w2.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.reclaims, step.attempt) == (types_pb2.STEP_STATE_COMPLETED, 1, 1)
+
+
+async def test_a_reconnecting_worker_keeps_its_held_lease(channel, workers) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w1 = workers(["resize"], 1, worker_id="steady")
+    await w1.connect()
+    (lease,) = await w1.leases(1)
+    await w1.close()
+    ref = pb.LeaseRef(step_id=lease.step_id, lease_generation=lease.lease_generation)
+    bogus = pb.LeaseRef(step_id=str(uuid.uuid4()), lease_generation=3)
+    w2 = workers(["resize"], 1, worker_id="steady", held=[ref, bogus])
+    welcome = await w2.connect()
+    assert list(welcome.lost) == [bogus]
+    # Outlive the lease TTL several times: the server renews what the worker holds.
+    await until(lambda: asyncio.sleep(0, w2.pings >= 10))
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.lease_generation, step.reclaims) == (types_pb2.STEP_STATE_RUNNING,
+                                                                  lease.lease_generation, 0)
+    assert w2.inbox["leases"].empty()  # the held lease took the only slot
+    await w2.send(completed(lease, "late but valid"))
+    assert (await w2.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+    assert (await get_step(channel, job.run_id)).state == types_pb2.STEP_STATE_COMPLETED
+
+
+async def test_two_servers_share_one_database_and_run_each_step_once(db_url, start_server) -> None:
+    servers = [start_server(db_url), start_server(db_url)]
+    channels = [grpc.aio.insecure_channel(s.address) for s in servers]
+    try:
+        jobs = await enqueue(channels[0], "bulk", 200)
+        applied: dict[str, int] = {}
+        ws = [RawWorker(channels[i % 2], ["bulk"], 8) for i in range(4)]
+
+        async def work(w: RawWorker) -> None:
+            await w.connect()
+            while len(applied) < 200:
+                try:
+                    msg = await w.next("leases", timeout=0.5)
+                except asyncio.TimeoutError:
+                    continue
+                await w.send(*(completed(x) for x in msg.leases))
+                for a in await w.acks(len(msg.leases)):
+                    if a.status == pb.ACK_STATUS_APPLIED:
+                        applied[a.step_id] = applied.get(a.step_id, 0) + 1
+
+        await asyncio.wait_for(asyncio.gather(*(work(w) for w in ws)), 120)
+        for w in ws:
+            await w.close()
+        assert sorted(applied) == sorted(j.step_id for j in jobs)
+        assert set(applied.values()) == {1}
+        for j in jobs:
+            assert (await get_step(channels[1], j.run_id)).state == types_pb2.STEP_STATE_COMPLETED
+    finally:
+        for ch in channels:
+            await ch.close()
+
+
+async def test_sigterm_lets_held_leases_finish_and_keeps_them_valid_across_a_restart(db_url, start_server) -> None:
+    # A long TTL: the lease must outlive the restart without being swept meanwhile.
+    srv = start_server(db_url, lease_ttl=30, extra_args=["--grace", "3"])
+    channel = grpc.aio.insecure_channel(srv.address)
+    jobs = await enqueue(channel, "resize", 3)
+    quick = RawWorker(channel, ["resize"], 1)
+    slow = RawWorker(channel, ["resize"], 1, worker_id="slow")
+    await quick.connect()
+    (q,) = await quick.leases(1)
+    await slow.connect()
+    (s,) = await slow.leases(1)
+    stopping = asyncio.create_task(asyncio.to_thread(srv.terminate))
+    # During the grace period results are still applied, but no new lease is pushed.
+    await until(lambda: asyncio.sleep(0, "stopping" in srv.log_text() or "signal" in srv.log_text()))
+    await quick.send(completed(q))
+    assert (await quick.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+    assert await stopping == 0
+    await until(lambda: asyncio.sleep(0, quick.ended is not None and slow.ended is not None))
+    assert slow.ended.code() == grpc.StatusCode.UNAVAILABLE
+    assert quick.inbox["leases"].empty()
+    await channel.close()
+
+    srv.restart()
+    channel = grpc.aio.insecure_channel(srv.address)
+    try:
+        back = RawWorker(channel, ["resize"], 1, worker_id="slow",
+                         held=[pb.LeaseRef(step_id=s.step_id, lease_generation=s.lease_generation)])
+        assert list((await back.connect()).lost) == []
+        await back.send(completed(s))
+        assert (await back.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+        step = await get_step(channel, next(j.run_id for j in jobs if j.step_id == s.step_id))
+        assert (step.state, step.reclaims) == (types_pb2.STEP_STATE_COMPLETED, 0)
+        await back.close()
+    finally:
+        await quick.close()
+        await slow.close()
+        await channel.close()
+
+
+async def test_a_child_run_ending_settles_its_parent_node_without_waiting_for_the_sweep(db_url, start_server) -> None:
+    # The sweep runs once at start and then not for 10 minutes: only the
+    # 'cyclone_run_ended' notification can end the parent's child node in time.
+    srv = start_server(db_url, sweep_interval=600)
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        flows = workflows_pb2_grpc.WorkflowsStub(channel)
+        await flows.RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(
+            name="inner", nodes=[types_pb2.Node(id="work", kind="inner_work")]))
+        await flows.RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(
+            name="outer", nodes=[types_pb2.Node(id="sub", type=types_pb2.NODE_TYPE_CHILD, workflow="inner")]))
+        runs = runs_pb2_grpc.RunsStub(channel)
+        parent = await runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="outer"))
+        w = RawWorker(channel, ["inner_work"], 1)
+        try:
+            await w.connect()
+            (lease,) = await w.leases(1)
+            await w.send(completed(lease, "done"))
+            assert (await w.acks(1))[0].status == pb.ACK_STATUS_APPLIED
+
+            async def parent_completed() -> bool:
+                run = await runs.GetRun(runs_pb2.GetRunRequest(run_id=parent.run_id))
+                return run.state == types_pb2.RUN_STATE_COMPLETED
+
+            await until(parent_completed)
+        finally:
+            await w.close()

@@ -1,0 +1,191 @@
+"""Helpers for the state-machine tests: workflows, raw rows, time travel and invariants."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from cyclone_server.engine import Engine
+
+Row = dict[str, Any]
+
+
+def task(node_id: str, *deps: str, **options: Any) -> dict[str, Any]:
+    """A node definition; `type` defaults to task and `kind` to the id (so kinds name nodes)."""
+    return {"id": node_id, "deps": list(deps), **options}
+
+
+async def start(engine: Engine, nodes: Iterable[dict[str, Any]], *, name: str = "wf",
+                input: Any = None, **kw: Any) -> str:
+    """Register `nodes` as workflow `name` and submit one run of it."""
+    await engine.register_workflow(name, list(nodes))
+    run_id, created = await engine.submit_run(name, input=input, **kw)
+    assert created
+    return run_id
+
+
+async def fetch(conn: psycopg.AsyncConnection, sql: str, *params: Any) -> list[Row]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def fetch_one(conn: psycopg.AsyncConnection, sql: str, *params: Any) -> Row:
+    rows = await fetch(conn, sql, *params)
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+async def run_row(conn: psycopg.AsyncConnection, run_id: str) -> Row:
+    return await fetch_one(conn, "SELECT * FROM cyclone_runs WHERE id = %s", run_id)
+
+
+async def steps(conn: psycopg.AsyncConnection, run_id: str) -> dict[str, Row]:
+    """The run's steps by node id."""
+    rows = await fetch(conn, "SELECT * FROM cyclone_steps WHERE run_id = %s", run_id)
+    return {r["node"]: r for r in rows}
+
+
+async def step(conn: psycopg.AsyncConnection, run_id: str, node: str) -> Row:
+    return await fetch_one(conn, "SELECT * FROM cyclone_steps WHERE run_id = %s AND node = %s", run_id, node)
+
+
+async def states(conn: psycopg.AsyncConnection, run_id: str) -> dict[str, str]:
+    return {n: r["state"] for n, r in (await steps(conn, run_id)).items()}
+
+
+async def snapshot(conn: psycopg.AsyncConnection) -> list[list[Row]]:
+    """Every row of every Cyclone table, to show that a refused action changed nothing."""
+    out = []
+    for table, key in (("cyclone_runs", "id"), ("cyclone_steps", "id"),
+                       ("cyclone_step_deps", "step_id, dep_id"), ("cyclone_signals", "id")):
+        out.append(await fetch(conn, f"SELECT * FROM {table} ORDER BY {key}"))
+    return out
+
+
+async def db_now(conn: psycopg.AsyncConnection) -> datetime:
+    return (await fetch_one(conn, "SELECT clock_timestamp() AS t"))["t"]
+
+
+async def claim_one(engine: Engine, kind: str, *, owner: str = "w1", ttl: float = 30.0) -> Row:
+    """Claim exactly one step of `kind` (node ids are kinds in these tests)."""
+    leases = await engine.claim(owner, [kind], limit=10, lease_ttl=ttl)
+    assert len(leases) == 1, leases
+    return leases[0]
+
+
+async def expire_lease(conn: psycopg.AsyncConnection, step_id: Any) -> None:
+    await conn.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1s' WHERE id = %s", (step_id,))
+
+
+async def make_due(conn: psycopg.AsyncConnection, run_id: str) -> None:
+    """Skip every backoff and snooze of the run: its available steps become claimable now."""
+    await conn.execute("UPDATE cyclone_steps SET scheduled_at = now() - interval '1ms' "
+                       "WHERE run_id = %s AND state IN ('available', 'paused')", (run_id,))
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 20.0,
+                     step: Callable[[], Awaitable[Any]] | None = None) -> None:
+    """Poll `check` (running `step` before each poll) until it holds or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if step is not None:
+            await step()
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        await asyncio.sleep(0.02)
+
+
+async def sweep_until_run(engine: Engine, conn: psycopg.AsyncConnection, run_id: str, state: str) -> Row:
+    """Run the sweep and wait scanners until the run is in `state`; returns the run row."""
+    async def done() -> bool:
+        return (await run_row(conn, run_id))["state"] == state
+    await eventually(done, step=engine.sweep)
+    return await run_row(conn, run_id)
+
+
+def close_to(a: datetime | timedelta, b: datetime | timedelta, tolerance: float = 1.0) -> bool:
+    return abs((a - b).total_seconds()) <= tolerance  # type: ignore[operator]
+
+
+# Each query returns the rows that break one rule of the lifecycle document.
+INVARIANTS: dict[str, str] = {
+    "running step without a lease": """
+        SELECT id FROM cyclone_steps WHERE state = 'running'
+           AND (lease_owner IS NULL OR lease_expiry IS NULL OR lease_generation = 0 OR started_at IS NULL)""",
+    "paused step in a run that is not paused": """
+        SELECT s.id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.state = 'paused' AND r.state <> 'paused'""",
+    "non-terminal step in an ended run": """
+        SELECT s.id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE r.state IN ('completed', 'failed', 'cancelled')
+           AND s.state NOT IN ('completed', 'discarded', 'cancelled')""",
+    "completed run with a step that is not completed or contained": """
+        SELECT s.id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE r.state = 'completed'
+           AND NOT (s.state = 'completed'
+                    OR (s.state = 'cancelled' AND s.cancel_cause = 'branch')
+                    OR (s.state = 'discarded'
+                        AND EXISTS (SELECT 1 FROM cyclone_step_deps d WHERE d.dep_id = s.id)
+                        AND NOT EXISTS (
+                            WITH RECURSIVE down (id) AS (
+                                SELECT d.step_id FROM cyclone_step_deps d WHERE d.dep_id = s.id
+                                UNION SELECT d.step_id FROM cyclone_step_deps d JOIN down ON d.dep_id = down.id)
+                            SELECT 1 FROM down JOIN cyclone_steps x ON x.id = down.id
+                             WHERE x.on_dep_failure <> 'cancel_branch')))""",
+    "completed run without a result": """
+        SELECT id FROM cyclone_runs WHERE state = 'completed' AND result IS NULL""",
+    "ended run without finished_at, or active run with it": """
+        SELECT id FROM cyclone_runs
+         WHERE (state IN ('completed', 'failed', 'cancelled')) <> (finished_at IS NOT NULL)""",
+    "failed run without its cause": """
+        SELECT id FROM cyclone_runs
+         WHERE state = 'failed' AND failed_by_step IS NULL AND NOT failed_by_deadline""",
+    "step started before its deps completed": """
+        SELECT s.id FROM cyclone_steps s JOIN cyclone_step_deps d ON d.step_id = s.id
+          JOIN cyclone_steps p ON p.id = d.dep_id
+         WHERE s.state IN ('available', 'running', 'completed', 'waiting_timer', 'waiting_signal', 'waiting_child')
+           AND p.state <> 'completed'""",
+    "pending step of a running run whose deps all completed": """
+        SELECT s.id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.state = 'pending' AND r.state = 'running'
+           AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                            WHERE d.step_id = s.id AND p.state <> 'completed')""",
+    "terminal step without finished_at, or non-terminal with it": """
+        SELECT id FROM cyclone_steps
+         WHERE (state IN ('completed', 'discarded', 'cancelled')) <> (finished_at IS NOT NULL)""",
+    "waiting child node without an active child run of its own": """
+        SELECT s.id FROM cyclone_steps s LEFT JOIN cyclone_runs c ON c.id = s.child_run_id
+         WHERE s.state = 'waiting_child'
+           AND (c.id IS NULL OR c.parent_step_id <> s.id)""",
+    "active child run whose parent node is not waiting for it": """
+        SELECT c.id FROM cyclone_runs c LEFT JOIN cyclone_steps s ON s.id = c.parent_step_id
+         WHERE c.parent_run_id IS NOT NULL AND c.state IN ('running', 'paused')
+           AND (s.id IS NULL OR s.child_run_id IS DISTINCT FROM c.id
+                OR s.state NOT IN ('waiting_child', 'paused'))""",
+    "attempt out of range": """
+        SELECT id FROM cyclone_steps WHERE attempt < 1 OR attempt > max_attempts
+            OR reclaims < 0 OR reclaims > max_reclaims""",
+    "signal consumed twice or by a step that is not completed": """
+        SELECT g.id FROM cyclone_signals g JOIN cyclone_steps s ON s.id = g.consumed_by
+         WHERE s.state <> 'completed'
+            OR (SELECT count(*) FROM cyclone_signals h WHERE h.consumed_by = g.consumed_by) > 1""",
+}
+
+
+async def violations(conn: psycopg.AsyncConnection) -> dict[str, list[Any]]:
+    """The broken invariants (rule -> offending ids); empty when every row is legal."""
+    out: dict[str, list[Any]] = {}
+    for rule, sql in INVARIANTS.items():
+        rows = await fetch(conn, sql)
+        if rows:
+            out[rule] = [r["id"] for r in rows]
+    return out

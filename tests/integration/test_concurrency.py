@@ -1,0 +1,282 @@
+"""Concurrency: many claimers never share a step; racing actions end in legal states, never in deadlock."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from engine_helpers import db_now, expire_lease, fetch, fetch_one, task, violations
+from psycopg.types.json import Jsonb
+
+from cyclone_server import definitions
+from cyclone_server.engine import Engine, Result
+from cyclone_server.errors import FailedPrecondition, NotFound
+
+pytestmark = pytest.mark.statemachine
+
+CB = {"on_dep_failure": "cancel_branch"}
+
+
+async def open_engines(db_url: str, n: int, size: int = 2) -> list[Engine]:
+    return [await Engine.open(db_url, min_size=1, max_size=size) for _ in range(n)]
+
+
+async def close_all(engines: list[Engine]) -> None:
+    for e in engines:
+        await e.close()
+
+
+async def race(ops: list[Callable[[], Awaitable[Any]]], errors: list[BaseException]) -> None:
+    """Run `ops` at once; FailedPrecondition and NotFound (a purged run) are legal answers to a race,
+    anything else is kept."""
+    async def guarded(op: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await op()
+        except (FailedPrecondition, NotFound):
+            pass
+        except Exception as e:  # noqa: BLE001 - every other error is a finding
+            errors.append(e)
+    await asyncio.gather(*(guarded(op) for op in ops))
+
+
+async def test_many_claimers_never_hold_one_step_under_two_leases(db_url: str, conn) -> None:
+    total = 5000
+    node = definitions.normalize_job("bulk", {})
+    await conn.execute("SELECT cyclone_job_enqueue(%s, to_jsonb(i), 0, NULL, NULL, NULL, NULL) "
+                       "FROM generate_series(1, %s) i", (Jsonb(node), total))
+    claims: list[tuple[str, int]] = []
+    applied: list[tuple[str, int]] = []
+    engines = await open_engines(db_url, 9)
+
+    async def remaining(engine: Engine) -> int:
+        async with engine.pool.connection() as c:
+            return (await fetch_one(c, "SELECT count(*) AS n FROM cyclone_steps WHERE state <> 'completed'"))["n"]
+
+    async def async_worker(i: int, engine: Engine) -> None:
+        rng = random.Random(i)
+        late: list[dict] = []
+        while True:
+            leases = await engine.claim(f"w{i}", ["bulk"], rng.randint(1, 25), 60)
+            if not leases:
+                if await remaining(engine) == 0:
+                    break
+                await asyncio.sleep(0.01)
+                continue
+            claims.extend((str(x["step_id"]), x["lease_generation"]) for x in leases)
+            keep = []
+            for lease in leases:  # a few leases are abandoned: their worker stalls, the lease expires
+                if rng.random() < 0.02:
+                    late.append(lease)
+                    async with engine.pool.connection() as c:
+                        await expire_lease(c, lease["step_id"])
+                else:
+                    keep.append(lease)
+            results = [Result(str(x["step_id"]), x["lease_generation"], "completed", output=i) for x in keep]
+            if rng.random() < 0.3:  # some results from stalled workers arrive late, after a sweep
+                results += [Result(str(x["step_id"]), x["lease_generation"], "completed", output=-1) for x in late]
+                late.clear()
+            for sid, gen, status in await engine.apply_results(results):
+                if status == "applied":
+                    applied.append((sid, gen))
+
+    def thread_worker(i: int) -> None:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            while True:
+                rows = c.execute("SELECT step_id, lease_generation FROM cyclone_steps_claim(%s, %s, 10, '60s')",
+                                 (f"t{i}", ["bulk"])).fetchall()
+                if not rows:
+                    if c.execute("SELECT count(*) FROM cyclone_steps WHERE state <> 'completed'").fetchone()[0] == 0:
+                        return
+                    time.sleep(0.01)  # the rest is held by others, or waits for the sweep
+                    continue
+                for sid, gen in rows:
+                    claims.append((str(sid), gen))
+                    if c.execute("SELECT cyclone_step_complete(%s, %s, '1')", (sid, gen)).fetchone()[0] == "applied":
+                        applied.append((str(sid), gen))
+
+    async def sweeper() -> None:
+        while await remaining(engines[-1]) > 0:
+            await engines[-1].sweep()
+            await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(
+            *(async_worker(i, e) for i, e in enumerate(engines[:-1])),
+            *(asyncio.to_thread(thread_worker, i) for i in range(2)), sweeper()), timeout=120)
+    finally:
+        await close_all(engines)
+
+    assert len(claims) == len(set(claims)), "a (step, generation) lease was handed out twice"
+    by_step: dict[str, list[int]] = defaultdict(list)
+    for sid, gen in claims:
+        by_step[sid].append(gen)
+    assert len(by_step) == total  # none lost
+    for gens in by_step.values():
+        assert sorted(gens) == list(range(1, len(gens) + 1))
+    assert any(len(gens) > 1 for gens in by_step.values())  # leases did expire and move on
+    assert len(applied) == len(set(applied)) == total
+    done = Counter(sid for sid, _ in applied)
+    assert set(done.values()) == {1}  # each completed exactly once ...
+    for sid, gen in applied:
+        assert gen == max(by_step[sid])  # ... and only by the lease that held it last
+    row = await fetch_one(conn, "SELECT count(*) FILTER (WHERE state = 'completed') AS n, count(*) AS total "
+                                "FROM cyclone_runs")
+    assert row == {"n": total, "total": total}
+
+
+RACE_WF = [task("a", max_attempts=2), task("b", "a", **CB), task("c", "a"), task("d", max_attempts=2),
+           task("s", type="signal")]
+KINDS = ["a", "b", "c", "d"]
+
+
+async def test_racing_actions_on_the_same_runs_end_in_legal_states(db_url: str, conn) -> None:
+    engines = await open_engines(db_url, 4, size=4)
+    errors: list[BaseException] = []
+    rng = random.Random(7)
+    try:
+        await engines[0].register_workflow("race", RACE_WF)
+        for batch in range(20):
+            ops: list[Callable[[], Awaitable[Any]]] = []
+            for _ in range(10):  # 200 runs in all
+                e = rng.choice(engines)
+                run_id, _ = await e.submit_run("race")
+                held = await e.claim("setup", ["a", "d"], 10, 60)
+                held = [x for x in held if str(x["run_id"]) == run_id]
+                if held and rng.random() < 0.5:
+                    await expire_lease(conn, held[0]["step_id"])
+                ops += make_ops(rng, engines, run_id, held)
+            rng.shuffle(ops)
+            await race(ops, errors)
+            assert not errors, errors
+            assert await violations(conn) == {}, f"batch {batch}"
+    finally:
+        await close_all(engines)
+    # The races reached every run state, so each kind of ending was raced against the others.
+    final = {r["state"] for r in await fetch(conn, "SELECT state FROM cyclone_runs")}
+    assert final == {"running", "paused", "completed", "failed", "cancelled"}
+
+
+def make_ops(rng: random.Random, engines: list[Engine], run_id: str, held: list[dict]) -> list:
+    pick = lambda: rng.choice(engines)  # noqa: E731
+    ops: list[Callable[[], Awaitable[Any]]] = []
+    for lease in held:
+        sid, gen = str(lease["step_id"]), lease["lease_generation"]
+        choice = rng.choice(["complete", "fail", "permanent", "snooze"])
+        if choice == "complete":
+            ops.append(lambda e=pick(), s=sid, g=gen: e.complete(s, g, {"by": "race"}))
+        elif choice == "snooze":
+            ops.append(lambda e=pick(), s=sid, g=gen: e.snooze(s, g, 0))
+        else:
+            ops.append(lambda e=pick(), s=sid, g=gen, p=choice == "permanent": e.fail(s, g, "x", permanent=p))
+
+    async def claim_and_complete(e: Engine) -> None:
+        for lease in await e.claim("racer", KINDS, 3, 60):
+            await e.complete(str(lease["step_id"]), lease["lease_generation"], 1)
+
+    candidates = [
+        lambda e=pick(): e.cancel_run(run_id),
+        lambda e=pick(): e.pause_run(run_id),
+        lambda e=pick(): e.resume_run(run_id),
+        lambda e=pick(): e.retry(run_id),
+        lambda e=pick(): e.retry(run_id, "a"),
+        lambda e=pick(): e.signal(run_id, "s", 1),
+        lambda e=pick(): e.sweep(),
+        lambda e=pick(): claim_and_complete(e),
+    ]
+    ops += rng.sample(candidates, rng.randint(2, len(candidates)))
+    return ops
+
+
+async def test_parent_and_child_runs_cancelled_and_completed_concurrently(db_url: str, conn) -> None:
+    engines = await open_engines(db_url, 4, size=4)
+    errors: list[BaseException] = []
+    rng = random.Random(11)
+    e0 = engines[0]
+    try:
+        await e0.register_workflow("leaf", [task("lt")])
+        await e0.register_workflow("mid", [task("mk", type="child", workflow="leaf"), task("mt")])
+        await e0.register_workflow("top", [task("tk", type="child", workflow="mid"), task("tt")])
+        for batch in range(20):
+            ops: list[Callable[[], Awaitable[Any]]] = []
+            for _ in range(5):  # 100 trees of three runs
+                top, _ = await e0.submit_run("top")
+                mid = (await fetch_one(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", top))["id"]
+                leases = await e0.claim("setup", ["lt", "mt", "tt"], 3, 60)
+                for lease in leases:
+                    outcome = "fail" if rng.random() < 0.2 else "complete"
+                    ops.append(lambda e=rng.choice(engines), x=lease, o=outcome: (
+                        e.complete(str(x["step_id"]), x["lease_generation"], 1) if o == "complete"
+                        else e.fail(str(x["step_id"]), x["lease_generation"], "x", permanent=True)))
+                ops += tree_ops(rng, engines, top, str(mid))
+            rng.shuffle(ops)
+            await race(ops, errors)
+            assert not errors, errors
+            assert await violations(conn) == {}, f"batch {batch}"
+        # Settle what the races left: every tree ends up consistent once the scanners ran.
+        for _ in range(4):
+            await e0.sweep()
+        assert await violations(conn) == {}
+    finally:
+        await close_all(engines)
+
+
+def tree_ops(rng: random.Random, engines: list[Engine], top: str, mid: str) -> list:
+    pick = lambda: rng.choice(engines)  # noqa: E731
+    return [lambda e=pick(): e.cancel_run(top), lambda e=pick(): e.cancel_run(mid),
+            lambda e=pick(): e.sweep(), lambda e=pick(): e.sweep(),
+            lambda e=pick(): e.pause_run(top), lambda e=pick(): e.resume_run(top),
+            lambda e=pick(): e.retry(mid), lambda e=pick(): e.retry(top), lambda e=pick(): e.purge(0)]
+
+
+WAITS_WF = [task("sig", type="signal", max_wait=60), task("nap", type="sleep", sleep=60, max_wait=120),
+            task("kid", type="child", workflow="sub", max_wait=60), task("after", "sig", "nap", "kid", **CB)]
+
+
+async def test_waits_racing_signals_pauses_cancels_and_scanners(db_url: str, conn) -> None:
+    engines = await open_engines(db_url, 4, size=4)
+    errors: list[BaseException] = []
+    rng = random.Random(5)
+    e0 = engines[0]
+    try:
+        await e0.register_workflow("sub", [task("st")])
+        await e0.register_workflow("waits", WAITS_WF)
+        for batch in range(20):
+            ops: list[Callable[[], Awaitable[Any]]] = []
+            for _ in range(5):  # 100 runs, each with a child run
+                run_id, _ = await e0.submit_run("waits", deadline=await db_now(conn) + timedelta(hours=1))
+                # Some timers, max_waits and deadlines are due, so the scanners race the actions.
+                for column in ("timer_at", "max_wait_at"):
+                    if rng.random() < 0.4:
+                        await conn.execute(f"UPDATE cyclone_steps SET {column} = now() WHERE run_id = %s", (run_id,))
+                if rng.random() < 0.2:
+                    await conn.execute("UPDATE cyclone_runs SET deadline_at = now() WHERE id = %s", (run_id,))
+                pick = lambda: rng.choice(engines)  # noqa: E731
+                candidates = [
+                    lambda e=pick(), r=run_id: e.signal(r, "sig", {"n": 1}),
+                    lambda e=pick(), r=run_id: e.pause_run(r), lambda e=pick(), r=run_id: e.resume_run(r),
+                    lambda e=pick(), r=run_id: e.cancel_run(r), lambda e=pick(), r=run_id: e.retry(r),
+                    lambda e=pick(): e.sweep(), lambda e=pick(): e.sweep(),
+                    lambda e=pick(): claim_and_finish(e, rng.random() < 0.2),
+                ]
+                ops += rng.sample(candidates, rng.randint(3, len(candidates)))
+            rng.shuffle(ops)
+            await race(ops, errors)
+            assert not errors, errors
+            assert await violations(conn) == {}, f"batch {batch}"
+    finally:
+        await close_all(engines)
+
+
+async def claim_and_finish(e: Engine, fail: bool) -> None:
+    for lease in await e.claim("racer", ["st"], 2, 60):
+        if fail:
+            await e.fail(str(lease["step_id"]), lease["lease_generation"], "x", permanent=True)
+        else:
+            await e.complete(str(lease["step_id"]), lease["lease_generation"], 1)

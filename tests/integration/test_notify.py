@@ -1,0 +1,78 @@
+"""The Notifier: LISTEN wake-ups from other connections' transactions, timeouts, coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from cyclone_server.engine import Engine
+from cyclone_server.notify import Notifier
+
+
+@pytest.fixture
+async def notifier(db_url: str) -> AsyncIterator[Notifier]:
+    n = Notifier(db_url)
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+
+
+async def until(cond, deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, "condition not met before the deadline"
+        await asyncio.sleep(0.02)
+
+
+async def test_wait_returns_true_on_a_notification_from_another_transaction(
+        notifier: Notifier, engine: Engine) -> None:
+    waiting = asyncio.create_task(notifier.wait("cyclone_available", timeout=30))
+    await asyncio.sleep(0)  # let the waiter register before the enqueue commits
+    await engine.enqueue("thumbnail", input={"n": 1})
+    assert await waiting is True
+
+
+async def test_wait_returns_false_on_timeout(notifier: Notifier) -> None:
+    assert await notifier.wait("cyclone_run_ended", timeout=0.2) is False
+
+
+async def test_wait_rejects_an_unknown_channel(notifier: Notifier) -> None:
+    with pytest.raises(ValueError, match="channel"):
+        await notifier.wait("nope", timeout=0.1)
+
+
+async def test_notifications_of_one_transaction_are_coalesced(
+        notifier: Notifier, conn: psycopg.AsyncConnection) -> None:
+    available: list[None] = []
+    ended: list[None] = []
+    notifier.subscribe("cyclone_available", lambda: available.append(None))
+    notifier.subscribe("cyclone_run_ended", lambda: ended.append(None))
+    async with conn.transaction():
+        for _ in range(3):
+            await conn.execute("SELECT pg_notify('cyclone_available', '')")
+    # A later transaction's notification arrives after the first one's: a marker.
+    await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
+    await until(lambda: ended)
+    assert len(available) == 1
+
+
+async def test_a_lost_connection_is_re_established_and_wakes_waiters(
+        notifier: Notifier, conn: psycopg.AsyncConnection) -> None:
+    notifier.reconnect_initial = 0.05
+    waiting = asyncio.create_task(notifier.wait("cyclone_available", timeout=30))
+    await asyncio.sleep(0)
+    await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid() AND datname = current_database()")
+    assert await waiting is True  # woken by the reconnect: callers re-check state
+    await until(lambda: notifier.reconnects >= 1)
+    # And it listens again.
+    waiting = asyncio.create_task(notifier.wait("cyclone_run_ended", timeout=30))
+    await asyncio.sleep(0)
+    await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
+    assert await waiting is True
