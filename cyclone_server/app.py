@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -21,6 +21,7 @@ from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2
 from .background import Background
 from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
 from .hub import WorkerHub
+from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
 from .servicers import AdminServicer, WorkflowsServicer
@@ -61,6 +62,12 @@ class Settings:
     ready_file: str | None = None
     grace: float = 10.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    # "HOST:PORT" for GET /metrics (Prometheus text); None: no metrics endpoint.
+    metrics_listen: str | None = None
+    # From auth.server_security: the token interceptor (when tokens are configured) and
+    # TLS / mTLS credentials (None: plaintext).
+    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    credentials: grpc.ServerCredentials | None = None
 
     def __post_init__(self) -> None:
         if not self.server_id:
@@ -98,6 +105,8 @@ class CycloneServer:
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runs: RunsServicer | None = None
+        self.metrics = Metrics()
+        self.metrics_server: MetricsServer | None = None
         self._started: list[str] = []
 
     async def start(self) -> str:
@@ -112,7 +121,10 @@ class CycloneServer:
         await self.notifier.start()
         self._started.append("notifier")
         self.server = self._grpc_server()
-        port = self.server.add_insecure_port(s.listen)
+        if s.credentials is not None:
+            port = self.server.add_secure_port(s.listen, s.credentials)
+        else:
+            port = self.server.add_insecure_port(s.listen)
         if port == 0:
             raise OSError(f"cannot bind address {s.listen}")
         self.address = f"{host}:{port}"
@@ -123,6 +135,9 @@ class CycloneServer:
         self._started.append("hub")
         await self.background.start()
         self._started.append("background")
+        if s.metrics_listen:
+            mhost, mport = parse_listen(s.metrics_listen)
+            self.metrics_server = await serve_metrics(self.metrics, self.engine, mhost, mport)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("cyclone-server listening on %s", self.address)
@@ -134,25 +149,47 @@ class CycloneServer:
         s = self.settings
         assert self.engine is not None and self.notifier is not None
         limit = message_limit(s.max_payload_bytes)
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(interceptors=s.interceptors, options=[
             ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", limit),  # sending stays unlimited (gRPC's default)
             *KEEPALIVE_OPTIONS,
         ])
-        self.runs = RunsServicer(self.engine, self.notifier)
+        self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
+        self.runs = RunsServicer(self.engine, self.notifier, wake=self.hub.wake)
         workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), server)
         runs_pb2_grpc.add_RunsServicer_to_server(self.runs, server)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), server)
-        self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,
                                      retention_default_age=s.retention_default_age)
         self.hub.add_to_server(server)
+        self._export_metrics()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         return server
+
+    def _export_metrics(self) -> None:
+        """Counters live where the work happens (hub, background); the metrics mirror them per scrape."""
+        m, hub, bg = self.metrics, self.hub, self.background
+        assert hub is not None and bg is not None
+        hub.dispatcher.latency_observers.append(m.dispatch_latency_seconds.observe)
+
+        def refresh() -> None:
+            for kind, n in hub.stats["claims"].items():
+                m.claims_total.set_total(n, kind=kind)
+            for kind, n in hub.stats["completions"].items():
+                m.completions_total.set_total(n, kind=kind)
+            for (kind, error_kind), n in hub.stats["failures"].items():
+                m.failures_total.set_total(n, kind=kind, error_kind=error_kind)
+            for status, n in hub.stats["fenced_results"].items():
+                m.fenced_results_total.set_total(n, status=status)
+            m.stream_reconnects_total.set_total(hub.stats["reconnects"])
+            m.reclaims_total.set_total(bg.counts.get("leases_sweep", 0))
+            m.connected_workers.set(hub.connected_workers)
+
+        m.add_source(refresh)
 
     async def stop(self) -> None:
         """Graceful stop: no new work, running handlers get `grace` seconds, then close.
@@ -160,6 +197,9 @@ class CycloneServer:
         Stops only what start() got to, so a failed start cleans up too.
         """
         await self.health.enter_graceful_shutdown()
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
+            self.metrics_server = None
         if self.runs is not None:
             self.runs.close()
         if "hub" in self._started and self.hub is not None:

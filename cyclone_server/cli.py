@@ -1,4 +1,4 @@
-"""Command line: `cyclone-server` (the control plane) and `cyclone` (server, migrate, dev)."""
+"""Command line: `cyclone-server` (the control plane) and `cyclone` (server, migrate, dev, and the operator commands)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import psycopg
 
+from . import auth, cli_ops, metrics
 from .app import CycloneServer, Settings, split_listen
 from .engine import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import CycloneError
@@ -69,6 +70,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long running handlers may finish")
     p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")
+    metrics.add_arguments(p)
+    auth.add_arguments(p)
     add_log_flag(p)
 
 
@@ -82,12 +85,22 @@ def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Setti
         p.error("--database-url (or CYCLONE_DATABASE_URL) is required")
     if args.retention_default_age is not None and args.retention_interval is None:
         p.error("--retention-default-age needs --retention-interval (how often the retention sweep runs)")
+    if args.metrics_listen:
+        try:
+            metrics.parse_listen(args.metrics_listen)
+        except ValueError as e:
+            p.error(f"--metrics-listen: {e}")
+    try:
+        interceptors, credentials = auth.server_security(args)
+    except (auth.SecurityConfigError, OSError) as e:
+        p.error(str(e))
     return Settings(
         database_url=args.database_url, listen=args.listen, lease_ttl=args.lease_ttl,
         sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
-        max_payload_bytes=args.max_payload_bytes,
+        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen,
+        interceptors=interceptors, credentials=credentials,
     )
 
 
@@ -117,7 +130,7 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`cyclone server|migrate|dev`."""
+    """`cyclone server|migrate|dev|runs|workflows|stats`."""
     p = argparse.ArgumentParser(prog="cyclone", description="Cyclone: a durable workflow engine on Postgres.")
     sub = p.add_subparsers(dest="command", required=True)
     add_server_flags(sub.add_parser("server", help="run the gRPC control plane (same as cyclone-server)"))
@@ -129,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN)
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
     add_log_flag(dev)
+    cli_ops.register(sub)
     args = p.parse_args(argv)
+    if getattr(args, "func", None) is not None:  # runs, workflows, stats: gRPC clients, no logging set-up
+        return args.func(args)
     setup_logging(args.log_level)
     if args.command == "server":
         return run_server(settings_from(args, sub.choices["server"]))

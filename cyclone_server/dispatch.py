@@ -95,7 +95,7 @@ def lease_message(row: dict[str, Any]) -> pb.Lease:
     lease = pb.Lease(
         run_id=str(row["run_id"]), step_id=str(row["step_id"]), node=row["node"], kind=row["kind"],
         attempt=row["attempt"], max_attempts=row["max_attempts"], reclaims=row["reclaims"],
-        lease_generation=row["lease_generation"], input=py_to_value(row["input"]),
+        snoozes=row["snoozes"], lease_generation=row["lease_generation"], input=py_to_value(row["input"]),
         parents=py_to_value(row["parents"] or {}).struct_value, lease_expiry=to_timestamp(row["lease_expiry"]))
     if row["attempt_deadline"] is not None:
         lease.attempt_deadline.CopyFrom(to_timestamp(row["attempt_deadline"]))
@@ -159,14 +159,13 @@ class Dispatcher:
         self.lease_ttl = lease_ttl
         self.stats = stats
         self.poll_interval = poll_interval
+        # Called with each lease's dispatch latency in seconds (e.g. a metrics histogram).
+        self.latency_observers: list[Callable[[float], None]] = []
         self._event = asyncio.Event()
-        self._woken_at: float | None = None
         self._turn = itertools.count()
         self._stopping = False
 
     def wake(self) -> None:
-        if self._woken_at is None:
-            self._woken_at = time.monotonic()
         self._event.set()
 
     async def stop(self) -> None:
@@ -184,16 +183,15 @@ class Dispatcher:
             if self._stopping:
                 return
             self._event.clear()
-            woken_at, self._woken_at = self._woken_at, None
             try:
-                await self._pass(woken_at)
+                await self._pass()
                 delay = self.poll_interval
             except Exception as e:  # a lost database: log, back off, try again
                 log.warning("dispatch pass failed: %s; retrying in %.1fs", e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _pass(self, woken_at: float | None) -> None:
+    async def _pass(self) -> None:
         conns = [c for c in self.conns() if c.free_slots > 0]
         if not conns:
             return
@@ -216,8 +214,10 @@ class Dispatcher:
                 self.stats["claims"][row["kind"]] += 1
             # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
             conn.send(pb.ServerMessage(leases=pb.Leases(leases=[lease_message(r) for r in rows])))
-            if woken_at is not None:
-                self.stats["dispatch_latency"].append(time.monotonic() - woken_at)
+            for row in rows:  # from claimable (scheduled_at) to pushed
+                self.stats["dispatch_latency"].append(row["waited"])
+                for observe in self.latency_observers:
+                    observe(row["waited"])
 
 
 class ResultCommitter:

@@ -72,7 +72,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         # snoozes by kind; failures by (kind, error_kind: error | permanent | max_attempts |
         # output_too_large); fenced_results by refusal (stale | ended | unknown); stops by
         # reason; streams opened (connects) and opened with held leases (reconnects); the
-        # last dispatch latencies in seconds (wake-up to Leases queued on the stream).
+        # last dispatch latencies in seconds (step claimable to its lease pushed).
         self.stats: dict[str, Any] = {
             "claims": collections.Counter(), "completions": collections.Counter(),
             "failures": collections.Counter(), "snoozes": collections.Counter(),

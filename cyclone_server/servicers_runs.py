@@ -7,6 +7,7 @@ import base64
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -34,9 +35,12 @@ _ENQUEUE_DURATIONS = ("backoff_initial", "backoff_max", "attempt_timeout", "rete
 class RunsServicer(runs_pb2_grpc.RunsServicer):
     """cyclone.v1.Runs."""
 
-    def __init__(self, engine: Engine, notifier: Notifier) -> None:
+    def __init__(self, engine: Engine, notifier: Notifier, wake: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
         self.notifier = notifier
+        # Wakes this server's dispatcher at once when an action may have made steps
+        # claimable (other servers hear the transaction's NOTIFY).
+        self._wake = wake
         self._closing = asyncio.Event()
 
     def close(self) -> None:
@@ -63,6 +67,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id, created = await self.engine.submit_run(
             request.workflow, version=request.version, input=input_, priority=request.priority,
             idempotency_key=request.idempotency_key or None, deadline=deadline, request_fingerprint=fingerprint)
+        self._wake()
         return runs_pb2.SubmitRunResponse(run_id=run_id, created=created)
 
     @rpc
@@ -87,6 +92,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         except InvalidArgument as e:
             # The job's options are validated as its one node: name the request's field.
             raise InvalidArgument(_strip_node_prefix(e.message)) from None
+        self._wake()
         return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
 
     # -- read ----------------------------------------------------------------------------
@@ -160,7 +166,9 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
     async def ResumeRun(self, request: runs_pb2.ResumeRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
-        return await self._act(run_id, await self.engine.resume_run(run_id))
+        applied = await self.engine.resume_run(run_id)
+        self._wake()
+        return await self._act(run_id, applied)
 
     @rpc
     async def RetryStep(self, request: runs_pb2.RetryStepRequest,
@@ -168,6 +176,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id = required_id(request.run_id, "run_id")
         node = required(request.node, "node")
         applied = await self.engine.retry(run_id, node, deadline=deadline_of(request))
+        self._wake()
         return await self._act(run_id, applied)
 
     @rpc
@@ -175,6 +184,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
         applied = await self.engine.retry(run_id, None, deadline=deadline_of(request))
+        self._wake()
         return await self._act(run_id, applied)
 
     @rpc
@@ -183,6 +193,8 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id = required_id(request.run_id, "run_id")
         name = required(request.name, "name")
         signal_id, consumed_by = await self.engine.signal(run_id, name, convert.optional_value(request, "payload"))
+        if consumed_by:
+            self._wake()
         return runs_pb2.SignalResponse(signal_id=signal_id, consumed_by_step_id=consumed_by or "")
 
     @rpc

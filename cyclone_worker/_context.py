@@ -108,6 +108,7 @@ class Context:
         self.attempt: int = lease.attempt
         self.max_attempts: int = lease.max_attempts
         self.reclaims: int = lease.reclaims
+        self.snoozes: int = lease.snoozes
         self.lease_generation: int = lease.lease_generation
         self.input: Any = from_value(lease.input) if lease.HasField("input") else None
         self.parents: dict[str, Any] = from_struct(lease.parents)

@@ -140,7 +140,7 @@ class Leases(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("run_id", "step_id", "node", "kind", "attempt", "max_attempts", "reclaims", "lease_generation", "input", "parents", "attempt_deadline", "lease_expiry")
+    __slots__ = ("run_id", "step_id", "node", "kind", "attempt", "max_attempts", "reclaims", "lease_generation", "input", "parents", "attempt_deadline", "lease_expiry", "snoozes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,7 @@ class Lease(_message.Message):
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRY_FIELD_NUMBER: _ClassVar[int]
+    SNOOZES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step_id: str
     node: str
@@ -165,7 +166,8 @@ class Lease(_message.Message):
     parents: _struct_pb2.Struct
     attempt_deadline: _timestamp_pb2.Timestamp
     lease_expiry: _timestamp_pb2.Timestamp
-    def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., lease_generation: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parents: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    snoozes: int
+    def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., lease_generation: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parents: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., snoozes: _Optional[int] = ...) -> None: ...
 
 class ResultAcks(_message.Message):
     __slots__ = ("acks",)

@@ -8,11 +8,14 @@
 
 -- available -> running, for up to p_limit steps of the given kinds, priority then FIFO.
 -- The claim writes exactly what the document lists; the attempt does not change.
-CREATE OR REPLACE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
-                                               p_lease_ttl interval)
+-- `waited` is how long each step was claimable before this claim (dispatch latency).
+DROP FUNCTION IF EXISTS cyclone_steps_claim(text, text[], integer, interval);
+CREATE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
+                                    p_lease_ttl interval)
 RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer, attempt integer,
-               max_attempts integer, reclaims integer, lease_generation bigint,
-               lease_expiry timestamptz, attempt_deadline timestamptz, input jsonb, parents jsonb)
+               max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
+               lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
+               input jsonb, parents jsonb)
 LANGUAGE sql AS $$
     WITH picked AS (
         -- Per kind, so each kind's scan walks cyclone_steps_claim in order; the outer ORDER
@@ -36,8 +39,9 @@ LANGUAGE sql AS $$
          WHERE s.id = picked.id AND s.state = 'available'
         RETURNING s.*
     )
-    SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims,
-           c.lease_generation, c.lease_expiry, c.attempt_deadline, r.input,
+    SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
+           c.lease_generation, c.lease_expiry, c.attempt_deadline,
+           greatest(extract(epoch FROM now() - c.scheduled_at), 0)::double precision, r.input,
            COALESCE((SELECT jsonb_object_agg(p.node, p.output)
                        FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                       WHERE d.step_id = c.id), '{}'::jsonb)
