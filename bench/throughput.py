@@ -42,6 +42,10 @@ for _i in range(8):
 DAG.task("join", kind=KIND, deps=[f"mid{_i}" for _i in range(8)])
 
 
+def note(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def worker_main(address: str, slots: int) -> None:
     worker = Worker(address, slots=slots)
 
@@ -90,15 +94,18 @@ async def bench_cyclone(url: str, address: str, jobs: int, runs: int) -> dict[st
     out: dict[str, float] = {}
     async with Client(address) as client:
         await client.register(DAG)
+        note(f"enqueueing {jobs} standalone jobs")
         t0 = time.monotonic()
         await submit_concurrently([client.enqueue(KIND, {"i": i}) for i in range(jobs)])
         out["jobs_steps_per_s"] = jobs / (await wait_all_done(url, jobs) - t0)
 
+        note(f"submitting {runs} DAG runs")
         t0 = time.monotonic()
         await submit_concurrently([client.submit("bench_dag", {"i": i}) for i in range(runs)])
         steps = runs * 10  # root, 8 in the middle, join
         out["dag_steps_per_s"] = steps / (await wait_all_done(url, jobs + steps) - t0)
 
+        note("measuring dispatch latency")
         # Latency, paced: 200 jobs at about 100/s, so nothing queues behind a backlog.
         for i in range(200):
             await client.enqueue(KIND, {"latency": i})
@@ -137,9 +144,13 @@ async def bench_raw(url: str, jobs: int, connections: int) -> float:
                     "INSERT INTO raw_steps (run_id, state, kind) SELECT id, 'available', %s FROM r",
                     (json.dumps({"i": i}), KIND))
 
+    producers = 8
+    per = jobs // producers
+    total = per * producers
+
     async def consumer(done: list[int]) -> None:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            while done[0] < jobs:
+            while done[0] < total:
                 cur = await conn.execute(
                     "WITH c AS (SELECT id FROM raw_steps WHERE state = 'available' AND kind = %s "
                     "AND scheduled_at <= now() ORDER BY priority, scheduled_at, id LIMIT 32 FOR UPDATE SKIP LOCKED) "
@@ -160,9 +171,8 @@ async def bench_raw(url: str, jobs: int, connections: int) -> float:
 
     done = [0]
     t0 = time.monotonic()
-    per = jobs // 8
-    await asyncio.gather(*(producer(per) for _ in range(8)), *(consumer(done) for _ in range(connections)))
-    return (per * 8) / (time.monotonic() - t0)
+    await asyncio.gather(*(producer(per) for _ in range(producers)), *(consumer(done) for _ in range(connections)))
+    return total / (time.monotonic() - t0)
 
 
 def main() -> None:
@@ -182,6 +192,7 @@ def main() -> None:
                 c.execute("CREATE DATABASE bench_raw")
             url = pg.url("bench_cyclone")
             migrate(url)
+            note("postgres ready; starting the server and workers")
             server, address = start_server(url, Path(tmp))
             ctx = mp.get_context("spawn")
             workers = [ctx.Process(target=worker_main, args=(address, args.slots), daemon=True)
@@ -195,6 +206,7 @@ def main() -> None:
                     w.terminate()
                 server.terminate()
                 server.wait(30)
+            note("baseline: raw SQL")
             raw = asyncio.run(bench_raw(pg.url("bench_raw"), args.jobs, connections=args.workers * 2))
         finally:
             pg.stop()

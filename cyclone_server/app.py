@@ -142,7 +142,8 @@ class CycloneServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("cyclone-server listening on %s", self.address)
         if s.ready_file:
-            write_ready_file(s.ready_file, self.address)
+            write_ready_file(s.ready_file, self.address,
+                             self.metrics_server.address if self.metrics_server is not None else None)
         return self.address
 
     def _grpc_server(self) -> grpc.aio.Server:
@@ -231,9 +232,13 @@ class CycloneServer:
             await self.stop()
 
 
-def write_ready_file(path: str, address: str) -> None:
-    """{"address", "pid"} written atomically, so a reader never sees half a file."""
+def write_ready_file(path: str, address: str, metrics_address: str | None = None) -> None:
+    """{"address", "pid"} (and "metrics_address", the bound HOST:PORT of --metrics-listen, e.g. with port 0)
+    written atomically, so a reader never sees half a file."""
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
+    ready: dict[str, object] = {"address": address, "pid": os.getpid()}
+    if metrics_address is not None:
+        ready["metrics_address"] = metrics_address
+    tmp.write_text(json.dumps(ready))
     os.replace(tmp, target)

@@ -104,7 +104,7 @@ class Background:
 
     async def _retention(self) -> None:
         for _ in range(RETENTION_MAX_BATCHES):
-            n = await self.engine.purge(self.retention_default_age, limit=RETENTION_BATCH)
+            n = await self.engine.purge(self.retention_default_age, limit=RETENTION_BATCH, sweep=True)
             self.counts["purged"] += n
             if n < RETENTION_BATCH:
                 return

@@ -66,7 +66,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
     p.add_argument("--server-id", default="", help="default: HOSTNAME-PID")
     p.add_argument("--ready-file", metavar="PATH",
-                   help='when serving, write {"address": "HOST:PORT", "pid": N} here')
+                   help='when serving, write {"address": "HOST:PORT", "pid": N} here (with --metrics-listen, '
+                        'also "metrics_address": the bound HOST:PORT)')
     p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long running handlers may finish")
     p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")

@@ -232,6 +232,10 @@ def step_to_proto(row: dict[str, Any]) -> types_pb2.Step:
         _set_time(err, "at", e.get("at"))
     for name in ("scheduled_at", "lease_expiry", "created_at", "started_at", "finished_at", "attempt_deadline"):
         _set_time(s, name, row.get(name))
+    if row["state"] == "waiting_timer" and row.get("timer_at") is not None:
+        # types.proto: a waiting sleep node's scheduled_at is when its timer fires (the
+        # column scheduled_at is about claims, which a sleep node never has).
+        _set_time(s, "scheduled_at", row["timer_at"])
     return s
 
 

@@ -47,6 +47,7 @@ class Result:
         d: dict[str, Any] = {"step_id": self.step_id, "generation": self.generation, "outcome": self.outcome}
         if self.outcome == "completed":
             d["output"] = self.output
+            d["output_bytes"] = payload_size(self.output)
         elif self.outcome == "failed":
             d["message"] = self.message
             d["permanent"] = self.permanent
@@ -65,8 +66,13 @@ def parse_id(value: str, field: str) -> uuid.UUID:
         raise InvalidArgument(f"{field}: {value!r} is not a valid id") from None
 
 
+def payload_size(value: Any) -> int:
+    """A payload's size as compact JSON: the measure of every payload limit."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
 def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
-    size = len(json.dumps(value, separators=(",", ":")).encode())
+    size = payload_size(value)
     if size > limit:
         raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
 
@@ -238,13 +244,15 @@ class Engine:
         """One pass of the recovery sweep and the wait scanners, each its own transaction."""
         counts: dict[str, int] = {}
         for name in ("leases_sweep", "attempts_timeout", "deadlines_expire", "waits_expire",
-                     "timers_fire", "children_settle"):
+                     "timers_fire", "children_start", "children_settle"):
             counts[name] = len(await self._all(name, limit=limit))
         return counts
 
     async def settle_children(self, limit: int = 500) -> int:
-        """Only the children_settle scanner: end the nodes whose child runs ended; returns how many."""
-        return len(await self._all("children_settle", limit=limit))
+        """Only the child scanners: start retried child nodes, end the nodes whose child runs
+        ended; returns how many nodes moved."""
+        started = len(await self._all("children_start", limit=limit))
+        return started + len(await self._all("children_settle", limit=limit))
 
     # -- run actions ---------------------------------------------------------------------
 
@@ -272,9 +280,13 @@ class Engine:
         assert row is not None
         return str(row["signal_id"]), (str(row["consumed_by"]) if row["consumed_by"] else None)
 
-    async def purge(self, older_than: float | timedelta | None, limit: int = 1000) -> int:
-        """Delete at most `limit` terminal runs eligible for purge (see 60_retention.sql)."""
-        row = await self._one("runs_purge", age=_seconds(older_than), limit=limit)
+    async def purge(self, older_than: float | timedelta | None, limit: int = 1000, *, sweep: bool = False) -> int:
+        """Delete at most `limit` terminal runs eligible for purge (see 60_retention.sql).
+
+        PurgeTerminalRuns: runs finished at least `older_than` ago, and past their own
+        retention. `sweep=True` (the retention sweep): a run's own retention, else `older_than`.
+        """
+        row = await self._one("runs_purge", age=_seconds(older_than), limit=limit, sweep=sweep)
         return row["deleted"]  # type: ignore[index]
 
     # -- reads ---------------------------------------------------------------------------

@@ -58,6 +58,9 @@ SELECT step_id, outcome FROM cyclone_waits_expire(%(limit)s);
 -- name: deadlines_expire
 SELECT run_id, outcome FROM cyclone_deadlines_expire(%(limit)s);
 
+-- name: children_start
+SELECT step_id, outcome FROM cyclone_children_start(%(limit)s);
+
 -- name: children_settle
 SELECT step_id, outcome FROM cyclone_children_settle(%(limit)s);
 
@@ -77,7 +80,7 @@ SELECT cyclone_run_retry(%(run_id)s, %(node)s, %(deadline)s) AS applied;
 SELECT signal_id, consumed_by FROM cyclone_run_signal(%(run_id)s, %(name)s, %(payload)s);
 
 -- name: runs_purge
-SELECT cyclone_runs_purge(%(age)s, %(limit)s) AS deleted;
+SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 
 -- name: run_get
 SELECT * FROM cyclone_runs WHERE id = %(run_id)s;

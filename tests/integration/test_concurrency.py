@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -194,45 +195,80 @@ def make_ops(rng: random.Random, engines: list[Engine], run_id: str, held: list[
     return ops
 
 
+TREES, TREES_PER_ROUND = 1000, 50
+
+
 async def test_parent_and_child_runs_cancelled_and_completed_concurrently(db_url: str, conn) -> None:
+    """1,000 trees of three runs (top -> mid -> leaf): in each, the leases complete or fail
+    while the runs are cancelled, paused, resumed, retried, swept, settled and purged, all at
+    once from four engines. No deadlock, no illegal state, and the races went both ways."""
     engines = await open_engines(db_url, 4, size=4)
     errors: list[BaseException] = []
+    outcomes: Counter[str] = Counter()
     rng = random.Random(11)
     e0 = engines[0]
     try:
         await e0.register_workflow("leaf", [task("lt")])
         await e0.register_workflow("mid", [task("mk", type="child", workflow="leaf"), task("mt")])
         await e0.register_workflow("top", [task("tk", type="child", workflow="mid"), task("tt")])
-        for batch in range(20):
+        for round_ in range(TREES // TREES_PER_ROUND):
+            tops = [r for r, _ in await asyncio.gather(
+                *(engines[i % len(engines)].submit_run("top") for i in range(TREES_PER_ROUND)))]
+            rows = await fetch(conn, "SELECT id, parent_run_id FROM cyclone_runs WHERE parent_run_id = ANY(%s)",
+                               [uuid.UUID(t) for t in tops])
+            mids = {str(r["parent_run_id"]): str(r["id"]) for r in rows}
+            # Every tree's three task steps are leased, so its runs can complete while they are cancelled.
+            leases = await e0.claim("setup", ["lt", "mt", "tt"], 3 * TREES_PER_ROUND, 60)
+            assert len(leases) == 3 * TREES_PER_ROUND
             ops: list[Callable[[], Awaitable[Any]]] = []
-            for _ in range(5):  # 100 trees of three runs
-                top, _ = await e0.submit_run("top")
-                mid = (await fetch_one(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", top))["id"]
-                leases = await e0.claim("setup", ["lt", "mt", "tt"], 3, 60)
-                for lease in leases:
-                    outcome = "fail" if rng.random() < 0.2 else "complete"
-                    ops.append(lambda e=rng.choice(engines), x=lease, o=outcome: (
-                        e.complete(str(x["step_id"]), x["lease_generation"], 1) if o == "complete"
-                        else e.fail(str(x["step_id"]), x["lease_generation"], "x", permanent=True)))
-                ops += tree_ops(rng, engines, top, str(mid))
+            rng.shuffle(leases)
+            while leases:  # single results, and batches over several trees as a server applies them
+                size = rng.choice([1, 1, 4])
+                batch, leases = leases[:size], leases[size:]
+                ops.append(lambda e=rng.choice(engines), b=batch: finish(e, b, rng, outcomes))
+            for top in tops:
+                ops += tree_ops(rng, engines, top, mids[top], outcomes)
             rng.shuffle(ops)
             await race(ops, errors)
+            deadlocks = [e for e in errors if isinstance(e, psycopg.errors.DeadlockDetected)]
+            assert not deadlocks, f"round {round_}: {deadlocks}"
             assert not errors, errors
-            assert await violations(conn) == {}, f"batch {batch}"
+            assert await violations(conn) == {}, f"round {round_}"
         # Settle what the races left: every tree ends up consistent once the scanners ran.
         for _ in range(4):
             await e0.sweep()
         assert await violations(conn) == {}
     finally:
         await close_all(engines)
+    # Both orders of the race happened: cancels that ended live trees, completions that
+    # ended runs, and completions refused because a cancel (or fail-fast) came first.
+    for outcome in ("cancel applied", "result applied", "result ended"):
+        assert outcomes[outcome] > 0, outcomes
 
 
-def tree_ops(rng: random.Random, engines: list[Engine], top: str, mid: str) -> list:
+async def finish(e: Engine, leases: list[dict], rng: random.Random, outcomes: Counter[str]) -> None:
+    """Complete (80 %) or permanently fail the leases in one apply_results call."""
+    results = [Result(str(x["step_id"]), x["lease_generation"], "completed", output=1) if rng.random() < 0.8
+               else Result(str(x["step_id"]), x["lease_generation"], "failed", message="x", permanent=True)
+               for x in leases]
+    for _, _, status in await e.apply_results(results):
+        outcomes["result " + ("applied" if status in ("applied", "discarded", "retried") else status)] += 1
+
+
+def tree_ops(rng: random.Random, engines: list[Engine], top: str, mid: str, outcomes: Counter[str]) -> list:
     pick = lambda: rng.choice(engines)  # noqa: E731
-    return [lambda e=pick(): e.cancel_run(top), lambda e=pick(): e.cancel_run(mid),
-            lambda e=pick(): e.sweep(), lambda e=pick(): e.sweep(),
-            lambda e=pick(): e.pause_run(top), lambda e=pick(): e.resume_run(top),
-            lambda e=pick(): e.retry(mid), lambda e=pick(): e.retry(top), lambda e=pick(): e.purge(0)]
+
+    async def cancel(e: Engine, run_id: str) -> None:
+        outcomes["cancel " + ("applied" if await e.cancel_run(run_id) else "no-op")] += 1
+
+    candidates = [lambda e=pick(): cancel(e, top), lambda e=pick(): cancel(e, mid),
+                  lambda e=pick(): e.sweep(), lambda e=pick(): e.settle_children(),
+                  lambda e=pick(): e.pause_run(top), lambda e=pick(): e.resume_run(top),
+                  lambda e=pick(): e.retry(mid), lambda e=pick(): e.retry(top)]
+    ops = rng.sample(candidates, rng.randint(3, len(candidates)))
+    if rng.random() < 0.1:  # a purge takes every terminal run of the database: now and then
+        ops.append(lambda e=pick(): e.purge(0))
+    return ops
 
 
 WAITS_WF = [task("sig", type="signal", max_wait=60), task("nap", type="sleep", sleep=60, max_wait=120),

@@ -112,16 +112,18 @@ async def test_retryable_failure_goes_back_to_available_after_backoff(engine: En
     assert changed(before, after) == {"state", "attempt", "scheduled_at", "errors", "attempt_deadline"}
     assert (after["state"], after["attempt"], after["reclaims"]) == ("available", 2, 0)
     assert after["errors"][0]["attempt"] == 1 and after["errors"][0]["message"] == "boom"
-    assert 9.0 <= (after["scheduled_at"] - last_error_at(after)).total_seconds() <= 11.0  # initial, +-10%
+    # "scheduled_at = now() + backoff(attempt)" with the attempt already incremented:
+    # initial * 2^(2-1) = 20 s, +-10%.
+    assert 18.0 <= (after["scheduled_at"] - last_error_at(after)).total_seconds() <= 22.0
     assert await engine.claim("w", ["a"], 10, 30) == []  # not claimable before scheduled_at
     assert (await run_row(conn, run_id))["state"] == "running"
-    # The third attempt waits initial * 2^(attempt-1) = 20 s.
+    # The third attempt waits initial * 2^(3-1) = 40 s.
     await make_due(conn, run_id)
     lease = await claim_one(engine, "a")
     assert (lease["attempt"], lease["lease_generation"]) == (2, 2)
     await engine.fail(lease["step_id"], lease["lease_generation"], "again")
     row = await step(conn, run_id, "a")
-    assert row["attempt"] == 3 and 18.0 <= (row["scheduled_at"] - last_error_at(row)).total_seconds() <= 22.0
+    assert row["attempt"] == 3 and 36.0 <= (row["scheduled_at"] - last_error_at(row)).total_seconds() <= 44.0
 
 
 async def test_backoff_is_capped_and_a_retry_delay_overrides_it(engine: Engine, conn) -> None:

@@ -226,7 +226,10 @@ END $$;
 -- Move each pending step whose deps are all completed into its entry state. Only in a
 -- running run: in a paused run pending steps stay pending and Resume promotes them.
 -- p_after limits the search to the dependents of one step that just completed.
-CREATE OR REPLACE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL)
+-- p_skip_children leaves child nodes pending (Retry: the child scanner starts them).
+DROP FUNCTION IF EXISTS cyclone__promote(uuid, uuid);
+CREATE OR REPLACE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL,
+                                            p_skip_children boolean DEFAULT false)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     sid uuid;
@@ -245,6 +248,7 @@ BEGIN
         UNION ALL
         SELECT s.id FROM cyclone_steps s
          WHERE p_after IS NULL AND s.run_id = p_run_id AND s.state = 'pending'
+           AND NOT (p_skip_children AND s.type = 'child')
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed')
          ORDER BY 1
@@ -264,7 +268,7 @@ BEGIN
     UPDATE cyclone_steps
        SET state = cyclone__entry_state(type),
            scheduled_at = CASE WHEN type = 'task' THEN now() ELSE scheduled_at END,
-           wait_started_at = CASE WHEN type <> 'task' THEN clock_timestamp() END,
+           wait_started_at = CASE WHEN type <> 'task' THEN now() END,
            timer_at = CASE WHEN type = 'sleep' THEN now() + sleep_for END,
            max_wait_at = CASE WHEN type <> 'task' THEN now() + max_wait END,
            timer_left = NULL, max_wait_left = NULL
@@ -330,7 +334,9 @@ BEGIN
         SELECT * INTO cr FROM cyclone_runs WHERE id = s.child_run_id FOR NO KEY UPDATE;
         IF FOUND THEN
             IF cr.state = 'completed' THEN
-                PERFORM cyclone__wait_complete(p_run_id, p_step_id, 'waiting_child', cr.result);
+                -- The node takes the result in a transaction of its own (the child scanner),
+                -- as for any child run that ended.
+                PERFORM pg_notify('cyclone_run_ended', '');
                 RETURN;
             ELSIF cr.state = 'failed' THEN
                 PERFORM cyclone__run_reopen(cr.id, NULL, NULL);
@@ -406,7 +412,7 @@ BEGIN
            n ->> 'signal',
            n ->> 'workflow',
            make_interval(secs => (n ->> 'max_wait')::float8),
-           CASE WHEN ready AND n ->> 'type' <> 'task' THEN clock_timestamp() END,
+           CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() END,
            CASE WHEN ready AND n ->> 'type' = 'sleep' THEN now() + make_interval(secs => (n ->> 'sleep')::float8) END,
            CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() + make_interval(secs => (n ->> 'max_wait')::float8) END
       FROM jsonb_array_elements(p_nodes) WITH ORDINALITY AS t (n, ord)

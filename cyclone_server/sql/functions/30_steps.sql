@@ -53,14 +53,19 @@ $$;
 -- downstream steps whose last dep this was are promoted; the run completes when nothing
 -- non-terminal remains. An output over the size limit discards the step instead: nothing is
 -- ever stored truncated.
+-- p_output_bytes: the size of the output as compact JSON, when the caller measured it
+-- (the server does); otherwise the size of its jsonb text, which counts a space after
+-- every ',' and ':' and so errs on the large side.
+DROP FUNCTION IF EXISTS cyclone__step_complete(uuid, uuid, bigint, jsonb, integer);
 CREATE OR REPLACE FUNCTION cyclone__step_complete(p_run_id uuid, p_step_id uuid, p_generation bigint,
-                                                  p_output jsonb, p_max_output_bytes integer)
+                                                  p_output jsonb, p_max_output_bytes integer,
+                                                  p_output_bytes integer DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     size integer;
 BEGIN
     p_output := COALESCE(p_output, 'null'::jsonb);
-    size := octet_length(p_output::text);
+    size := COALESCE(p_output_bytes, octet_length(p_output::text));
     IF size > p_max_output_bytes THEN
         PERFORM 1 FROM cyclone_steps
           WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation FOR UPDATE;
@@ -107,9 +112,12 @@ BEGIN
        SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
            errors = errors || jsonb_build_object('attempt', attempt, 'error_kind', p_error_kind,
                                                  'message', p_message, 'at', now()),
+           -- "scheduled_at = now() + backoff(attempt)", the attempt already incremented.
            scheduled_at = now() + COALESCE(p_retry_delay,
-                                           cyclone__backoff(backoff_initial, backoff_max, attempt)),
+                                           cyclone__backoff(backoff_initial, backoff_max, attempt + 1)),
            attempt = attempt + 1,
+           -- A retried attempt timeout shows on the step (DECISIONS: error_kind = "timeout").
+           error_kind = CASE WHEN p_error_kind = 'timeout' THEN 'timeout' ELSE error_kind END,
            attempt_deadline = NULL
      WHERE id = p_step_id;
     IF run_state <> 'paused' THEN
@@ -195,7 +203,7 @@ END $$;
 
 -- Many results in one transaction (group commit). p_results is a JSON array of
 -- {"step_id", "generation", "outcome": "completed"|"failed"|"snoozed", "output",
---  "message", "permanent", "retry_delay_ms", "delay_ms"}.
+--  "output_bytes" (compact JSON size), "message", "permanent", "retry_delay_ms", "delay_ms"}.
 -- Runs are locked in id order; after the first, without waiting: a result whose run is
 -- busy comes back as 'busy' for the caller to apply again on its own.
 CREATE OR REPLACE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
@@ -240,7 +248,8 @@ BEGIN
         END IF;
         status := CASE x.e ->> 'outcome'
             WHEN 'completed' THEN
-                cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes)
+                cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes,
+                                       (x.e ->> 'output_bytes')::integer)
             WHEN 'failed' THEN
                 cyclone__step_fail(x.run_id, x.sid, x.gen, x.e ->> 'message',
                                    COALESCE((x.e ->> 'permanent')::boolean, false),

@@ -102,6 +102,7 @@ DECLARE
     s cyclone_steps;
     targets uuid[];
     reopened uuid[];
+    recancelled integer;
 BEGIN
     SELECT * INTO r FROM cyclone_runs WHERE id = p_run_id;
     IF r.state NOT IN ('running', 'paused', 'failed') THEN
@@ -158,6 +159,26 @@ BEGIN
     )
     SELECT array_agg(id) INTO reopened FROM re;
 
+    -- A reopened step that still depends on a discard left in place (another contained
+    -- discard: retried alone, this one does not reopen it) stays cancelled by that branch,
+    -- and so do its own reopened dependents.
+    LOOP
+        WITH again AS (
+            UPDATE cyclone_steps st
+               SET state = 'cancelled', cancel_cause = 'branch', finished_at = now(),
+                   cancelled_by = (SELECT CASE WHEN p.state = 'discarded' THEN p.id ELSE p.cancelled_by END
+                                     FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                                    WHERE d.step_id = st.id AND p.state IN ('discarded', 'cancelled')
+                                    ORDER BY p.id LIMIT 1)
+             WHERE st.id = ANY (COALESCE(reopened, '{}')) AND st.state = 'pending'
+               AND EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                            WHERE d.step_id = st.id AND p.state IN ('discarded', 'cancelled'))
+            RETURNING 1
+        )
+        SELECT count(*) INTO recancelled FROM again;
+        EXIT WHEN recancelled = 0;
+    END LOOP;
+
     UPDATE cyclone_runs
        SET state = CASE WHEN state = 'failed' THEN 'running' ELSE state END,
            finished_at = NULL, result = NULL, failed_by_step = NULL, failed_by_deadline = false,
@@ -169,13 +190,17 @@ BEGIN
     RETURNING * INTO r;
 
     IF r.state = 'running' THEN
-        PERFORM cyclone__promote(r.id);
+        PERFORM cyclone__promote(r.id, NULL, true);
+        IF EXISTS (SELECT 1 FROM cyclone_steps WHERE id = ANY (COALESCE(reopened, '{}')) AND type = 'child') THEN
+            -- Reopened child nodes stay pending; this wakes the servers' child scanners.
+            PERFORM pg_notify('cyclone_run_ended', '');
+        END IF;
     ELSE
         -- Paused: a reopened task or wait whose deps are done waits in paused, with its full
         -- timers; a child node stays pending, and Resume promotes it.
         UPDATE cyclone_steps st
            SET state = 'paused', scheduled_at = now(),
-               wait_started_at = CASE WHEN st.type <> 'task' THEN clock_timestamp() END,
+               wait_started_at = CASE WHEN st.type <> 'task' THEN now() END,
                timer_left = st.sleep_for, max_wait_left = st.max_wait
          WHERE st.id = ANY (COALESCE(reopened, '{}')) AND st.type <> 'child'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id

@@ -52,6 +52,32 @@ BEGIN
     END LOOP;
 END $$;
 
+-- pending -> waiting_child for a retried child node (Retry leaves it pending: the row
+-- "discarded, cancelled -> pending"); its deps are complete, so it starts waiting on its
+-- child run, reusing it (see cyclone__child_attach).
+CREATE OR REPLACE FUNCTION cyclone_children_start(p_limit integer DEFAULT 500)
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN
+        SELECT s.id, s.run_id FROM cyclone_steps s
+         WHERE s.state = 'pending' AND s.type = 'child'
+           AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                            WHERE d.step_id = s.id AND p.state <> 'completed')
+         ORDER BY s.run_id, s.id LIMIT p_limit
+    LOOP
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
+            FOR NO KEY UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM cyclone__step_enter(c.run_id, c.id);
+        step_id := c.id;
+        outcome := (SELECT state FROM cyclone_steps WHERE id = c.id);
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
 -- waiting_timer -> completed when due, with {"fired_at": ...}.
 CREATE OR REPLACE FUNCTION cyclone_timers_fire(p_limit integer DEFAULT 500)
 RETURNS TABLE (step_id uuid, outcome text)

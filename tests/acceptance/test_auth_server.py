@@ -1,0 +1,280 @@
+"""Auth on the real `cyclone-server`: roles on real RPCs, the SDK and the CLI with tokens, TLS, mTLS, and binding rules.
+
+Each server is the real process started with `--tokens-file` (and the TLS flags); every
+call does real work on the test's database, and a refused call is checked to have
+changed nothing. Certificates come from test_auth's session fixture (openssl CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from cyclone_server.engine import Engine
+from cyclone_worker import Client, Context, CycloneClientError, Worker, Workflow
+from test_auth import TOKENS, TOKENS_TEXT, certs  # noqa: F401  (certs: the session fixture)
+
+DEADLINE = 60.0
+CLI = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+OK = "OK"
+SUBMIT_ACTIONS = {"register", "get_workflow", "list_workflows", "submit", "enqueue", "get", "list", "wait", "signal"}
+ADMIN_ACTIONS = {"cancel", "pause", "resume", "retry", "retry_all", "purge", "stats"}
+
+
+def tokens_file(tmp_path: Path) -> str:
+    path = tmp_path / "tokens"
+    path.write_text(TOKENS_TEXT)
+    return str(path)
+
+
+def loopback(address: str) -> str:
+    """A server bound to 0.0.0.0 is reached on 127.0.0.1 (the address its certificate names)."""
+    return "127.0.0.1:" + address.rsplit(":", 1)[1]
+
+
+def cli(address: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CYCLONE_")}
+    return subprocess.run([sys.executable, "-c", CLI, *args, "--address", address], capture_output=True, text=True,
+                          timeout=120, env={**base, **(env or {})})
+
+
+async def health(address: str, credentials: grpc.ChannelCredentials | None = None) -> grpc.StatusCode:
+    channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
+               else grpc.aio.insecure_channel(address))
+    async with channel:
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            return grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+
+
+async def code_of(call: Awaitable[Any]) -> str:
+    try:
+        await call
+        return OK
+    except CycloneClientError as e:
+        return e.code.name
+
+
+class Runs:
+    """Runs in the states an action needs, made with the admin token and the engine (as a worker would)."""
+
+    def __init__(self, admin: Client, engine: Engine) -> None:
+        self.admin = admin
+        self.engine = engine
+
+    async def running(self) -> str:
+        return await self.admin.submit("base")
+
+    async def paused(self) -> str:
+        run_id = await self.running()
+        await self.admin.pause(run_id)
+        return run_id
+
+    async def failed(self) -> str:
+        """A failed run whose node "a" is discarded (of a kind of its own, so the claim takes that very step)."""
+        kind = f"failing_{os.urandom(4).hex()}"
+        await self.admin.register(Workflow(kind).task("a", kind=kind))
+        run_id = await self.admin.submit(kind)
+        deadline = time.monotonic() + DEADLINE
+        while not (leases := await self.engine.claim("auth-test", [kind], 1, lease_ttl=60)):
+            assert time.monotonic() < deadline, f"no step of kind {kind} became claimable"
+            await asyncio.sleep(0.05)
+        await self.engine.fail(str(leases[0]["step_id"]), leases[0]["lease_generation"], "boom", permanent=True)
+        assert (await self.admin.get(run_id)).state == "failed"
+        return run_id
+
+
+async def attempt(action: str, client: Client, runs: Runs) -> tuple[str, str | None]:
+    """(status of `action` by `client`, run id it acted on, if any)."""
+    run_id: str | None = None
+    if action in ("get", "wait", "signal", "cancel", "pause"):
+        run_id = await runs.running()
+    elif action == "resume":
+        run_id = await runs.paused()
+    elif action in ("retry", "retry_all"):
+        run_id = await runs.failed()
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
+        "register": lambda: client.register(Workflow(f"wf_{os.urandom(4).hex()}").task("a")),
+        "get_workflow": lambda: client.get_workflow("base"),
+        "list_workflows": lambda: client.list_workflows(),
+        "submit": lambda: client.submit("base"),
+        "enqueue": lambda: client.enqueue("job"),
+        "get": lambda: client.get(run_id),
+        "list": lambda: client.list(),
+        "wait": lambda: client.wait(run_id, timeout=0.1),
+        "signal": lambda: client.signal(run_id, "go"),
+        "cancel": lambda: client.cancel(run_id),
+        "pause": lambda: client.pause(run_id),
+        "resume": lambda: client.resume(run_id),
+        "retry": lambda: client.retry(run_id, "a"),
+        "retry_all": lambda: client.retry_all(run_id),
+        "purge": lambda: client.purge(3600),
+        "stats": lambda: client.stats(),
+    }
+    return await code_of(calls[action]()), run_id
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[Engine]:
+    e = await Engine.open(db_url, min_size=1, max_size=2)
+    yield e
+    await e.close()
+
+
+@pytest.fixture
+def token_server(start_server: Callable[..., Any], db_url: str, tmp_path: Path) -> Any:
+    return start_server(db_url, extra_args=["--tokens-file", tokens_file(tmp_path)])
+
+
+@pytest.mark.parametrize("role, allowed", [
+    ("worker", set()), ("submit", SUBMIT_ACTIONS), ("admin", SUBMIT_ACTIONS | ADMIN_ACTIONS)])
+async def test_each_role_on_real_rpcs(token_server: Any, engine: Engine, role: str, allowed: set[str]) -> None:
+    async with Client(token_server.address, token=TOKENS["admin"]) as admin, \
+            Client(token_server.address, token=TOKENS[role]) as client:
+        await admin.register(Workflow("base").task("a"))
+        runs = Runs(admin, engine)
+        before = (await admin.get(await runs.running())).state  # the admin token works: the state is readable
+        assert before == "running"
+        for action in sorted(SUBMIT_ACTIONS | ADMIN_ACTIONS):
+            code, run_id = await attempt(action, client, runs)
+            assert code == (OK if action in allowed else "PERMISSION_DENIED"), f"{role} {action}: {code}"
+            if run_id is not None and action in ADMIN_ACTIONS:
+                state = (await admin.get(run_id)).state
+                changed = {"cancel": "cancelled", "pause": "paused", "resume": "running", "retry": "running",
+                           "retry_all": "running"}[action]
+                unchanged = {"resume": "paused", "retry": "failed", "retry_all": "failed"}.get(action, "running")
+                assert state == (changed if action in allowed else unchanged), f"{role} {action}: run is {state}"
+
+
+async def test_no_or_unknown_token_is_unauthenticated(token_server: Any) -> None:
+    for token in (None, "not-a-known-token-0123456789"):
+        async with Client(token_server.address, token=token) as client:
+            assert await code_of(client.list_workflows()) == "UNAUTHENTICATED"
+            assert await code_of(client.stats()) == "UNAUTHENTICATED"
+        worker = Worker(token_server.address, token=token, reconnect=None)
+        worker.register("a", lambda ctx: None)
+        with pytest.raises(CycloneClientError) as e:
+            async with worker:
+                pass
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert await health(token_server.address) == grpc.StatusCode.OK  # probes need no token
+
+
+@pytest.mark.parametrize("role, expected", [("worker", None), ("submit", "PERMISSION_DENIED"),
+                                            ("admin", "PERMISSION_DENIED")])
+async def test_only_a_worker_token_connects_an_sdk_worker(token_server: Any, role: str, expected: str | None) -> None:
+    worker = Worker(token_server.address, token=TOKENS[role], reconnect=None, grace=2.0)
+
+    @worker.handler("a")
+    async def a(ctx: Context) -> dict[str, Any]:
+        return {"by": role}
+
+    async with Client(token_server.address, token=TOKENS["submit"]) as client:
+        await client.register(Workflow("base").task("a"))
+        run_id = await client.submit("base")
+        if expected is None:
+            async with worker:
+                assert await client.result(run_id, timeout=DEADLINE) == {"a": {"by": "worker"}}
+            return
+        with pytest.raises(CycloneClientError) as e:
+            async with worker:
+                pass
+        assert e.value.code.name == expected and "needs role worker" in e.value.message
+        assert (await client.get(run_id)).steps[0].lease_generation == 0  # nothing was leased
+
+
+async def test_cli_with_token(token_server: Any) -> None:
+    async with Client(token_server.address, token=TOKENS["submit"]) as client:
+        await client.register(Workflow("base").task("a"))
+        run_id = await client.submit("base")
+        refused = cli(token_server.address, "runs", "cancel", run_id, "--token", TOKENS["submit"])
+        assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr, refused.stderr
+        missing = cli(token_server.address, "runs", "get", run_id)
+        assert missing.returncode == 1 and "UNAUTHENTICATED" in missing.stderr, missing.stderr
+        read = cli(token_server.address, "runs", "get", run_id, "--json", env={"CYCLONE_TOKEN": TOKENS["submit"]})
+        assert read.returncode == 0 and run_id in read.stdout, read.stderr
+        assert (await client.get(run_id)).state == "running"
+        done = cli(token_server.address, "runs", "cancel", run_id, "--token", TOKENS["admin"])
+        assert done.returncode == 0, done.stderr
+        assert (await client.get(run_id)).state == "cancelled"
+    stats = cli(token_server.address, "stats", "--token", TOKENS["worker"])
+    assert stats.returncode == 1 and "PERMISSION_DENIED" in stats.stderr
+
+
+async def test_tls_with_tokens(start_server: Callable[..., Any], db_url: str, tmp_path: Path,
+                               certs: Path) -> None:  # noqa: F811
+    srv = start_server(db_url, extra_args=["--tokens-file", tokens_file(tmp_path), "--tls-cert",
+                                           str(certs / "server.pem"), "--tls-key", str(certs / "server.key")])
+    tls = grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+    worker = Worker(srv.address, token=TOKENS["worker"], tls=tls, reconnect=None, grace=2.0)
+    worker.register("a", lambda ctx: {"over": "tls"})
+    async with Client(srv.address, token=TOKENS["submit"], tls=tls) as client:
+        await client.register(Workflow("base").task("a"))
+        run_id = await client.submit("base")
+        assert await code_of(client.cancel(run_id)) == "PERMISSION_DENIED"
+        async with worker:
+            assert await client.result(run_id, timeout=DEADLINE) == {"a": {"over": "tls"}}
+    async with Client(srv.address, tls=tls) as anonymous:
+        assert await code_of(anonymous.list()) == "UNAUTHENTICATED"
+    assert await health(srv.address, tls) == grpc.StatusCode.OK
+    assert await health(srv.address) == grpc.StatusCode.UNAVAILABLE  # plaintext to the TLS port
+    stats = cli(srv.address, "stats", "--ca-file", str(certs / "ca.pem"), "--token", TOKENS["admin"])
+    assert stats.returncode == 0, stats.stderr
+    plain = cli(srv.address, "stats", "--token", TOKENS["admin"], "--rpc-timeout", "3s")
+    assert plain.returncode == 1
+
+
+async def test_mtls_without_tokens_on_all_interfaces(start_server: Callable[..., Any], db_url: str,
+                                                     certs: Path) -> None:  # noqa: F811
+    srv = start_server(db_url, extra_args=["--listen", "0.0.0.0:0", "--tls-cert", str(certs / "server.pem"),
+                                           "--tls-key", str(certs / "server.key"), "--tls-client-ca",
+                                           str(certs / "ca.pem")])
+    address = loopback(srv.address)
+    ca = (certs / "ca.pem").read_bytes()
+    mtls = grpc.ssl_channel_credentials(ca, (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes())
+    worker = Worker(address, tls=mtls, reconnect=None, grace=2.0)
+    worker.register("a", lambda ctx: {"over": "mtls"})
+    async with Client(address, tls=mtls) as client, worker:
+        await client.register(Workflow("base").task("a"))
+        run_id = await client.submit("base")
+        assert await client.result(run_id, timeout=DEADLINE) == {"a": {"over": "mtls"}}
+        assert (await client.cancel(await client.submit("base"))).state == "cancelled"  # mTLS alone: every role
+    assert await health(address, grpc.ssl_channel_credentials(ca)) == grpc.StatusCode.UNAVAILABLE  # no client cert
+    assert await health(address) == grpc.StatusCode.UNAVAILABLE
+    listed = cli(address, "runs", "list", "--ca-file", str(certs / "ca.pem"), "--client-cert",
+                 str(certs / "client.pem"), "--client-key", str(certs / "client.key"))
+    assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+
+
+def test_refuses_all_interfaces_without_auth(db_url: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CYCLONE_")}
+    proc = subprocess.run([sys.executable, "-m", "cyclone_server", "--database-url", db_url, "--listen", "0.0.0.0:0"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "refusing to listen on 0.0.0.0 without authentication" in proc.stderr
+    assert "--insecure-allow-no-auth" in proc.stderr
+
+
+async def test_all_interfaces_with_insecure_flag_or_env_tokens(start_server: Callable[..., Any], db_url: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    open_srv = start_server(db_url, extra_args=["--listen", "0.0.0.0:0", "--insecure-allow-no-auth"])
+    async with Client(loopback(open_srv.address)) as client:
+        assert await client.list_workflows() == []  # no auth at all
+    monkeypatch.setenv("CYCLONE_TOKENS", f"{TOKENS['admin']} admin")  # the server process inherits it
+    guarded = start_server(db_url, extra_args=["--listen", "0.0.0.0:0"])
+    async with Client(loopback(guarded.address)) as client:
+        assert await code_of(client.stats()) == "UNAUTHENTICATED"
+    async with Client(loopback(guarded.address), token=TOKENS["admin"]) as client:
+        assert await client.stats() == []

@@ -1,0 +1,52 @@
+"""Polling and reading helpers shared by the wait and pause acceptance tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cyclone_worker import Client, Run, Step
+
+DEADLINE = 60.0
+
+
+async def until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE) -> None:
+    """Poll `cond` (sync or async) until it holds; fail naming `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def run_when(client: Client, run_id: str, check: Callable[[Run], bool], what: str) -> Run:
+    """Poll GetRun until `check(run)` holds; returns that run."""
+    seen: list[Run] = []
+
+    async def ok() -> bool:
+        seen.append(await client.get(run_id))
+        return check(seen[-1])
+    await until(ok, what)
+    return seen[-1]
+
+
+def states(run: Run, *nodes: str) -> dict[str, str]:
+    """Node -> state, of `nodes` (all of them when none is named)."""
+    return {s.node: s.state for s in run.steps if not nodes or s.node in nodes}
+
+
+def ended(step: Step) -> tuple[str, str, str]:
+    """How a step ended: (state, error_kind, reason)."""
+    return step.state, step.error_kind, step.reason
+
+
+def cancelled(run: Run, *nodes: str) -> dict[str, tuple[str, str]]:
+    """Node -> (state, cancel_cause) of `nodes`."""
+    return {n: (run.step(n).state, run.step(n).cancel_cause) for n in nodes}
