@@ -116,7 +116,8 @@ class CycloneServer:
         if s.migrate:
             applied = await asyncio.to_thread(migrate, s.database_url)
             log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
-        self.engine = await Engine.open(s.database_url, max_size=20, max_payload_bytes=s.max_payload_bytes)
+        self.engine = await Engine.open(s.database_url, max_size=20, max_payload_bytes=s.max_payload_bytes,
+                                        announces=True)
         self.notifier = Notifier(s.database_url)
         await self.notifier.start()
         self._started.append("notifier")
@@ -156,7 +157,8 @@ class CycloneServer:
             *KEEPALIVE_OPTIONS,
         ])
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
-        self.runs = RunsServicer(self.engine, self.notifier, wake=self.hub.wake)
+        self.engine.available_listeners.append(self.hub.wake)
+        self.runs = RunsServicer(self.engine, self.notifier)
         workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), server)
         runs_pb2_grpc.add_RunsServicer_to_server(self.runs, server)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), server)

@@ -8,10 +8,12 @@ Postgres.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +28,13 @@ from .errors import SQLSTATE_ERRORS, CycloneError, InvalidArgument, NotFound
 from .queries import Q
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
+# The statements after which steps may have become claimable (when they returned rows).
+MAY_MAKE_AVAILABLE = frozenset({
+    "run_submit", "job_enqueue", "results_apply", "step_complete", "step_fail", "step_snooze", "leases_sweep",
+    "attempts_timeout", "timers_fire", "waits_expire", "children_start", "children_settle", "run_resume",
+    "run_retry", "run_signal"})
+log = logging.getLogger("cyclone.engine")
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
 RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
 
@@ -104,27 +113,66 @@ class Engine:
         leases = await engine.claim("worker-1", ["extract"], limit=10)
     """
 
-    def __init__(self, pool: AsyncConnectionPool, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+    def __init__(self, pool: AsyncConnectionPool, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+                 announces: bool = False) -> None:
         self.pool = pool
         self.max_payload_bytes = max_payload_bytes
+        # Called after every transition that may have made steps claimable (e.g. the
+        # server's dispatcher wake-up).
+        self.available_listeners: list[Callable[[], None]] = []
+        # With `announces`, the pool's sessions don't NOTIFY cyclone_available in their
+        # transactions (see cyclone__notify_available); this engine sends one NOTIFY per
+        # ANNOUNCE_WINDOW instead, on the side, for the other servers.
+        self.announces = announces
+        self._announcing: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, **kw: Any) -> Engine:
-        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False,
+    async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, announces: bool = False,
+                   **kw: Any) -> Engine:
+        """A pool of `min_size`..`max_size` connections. `announces=True` is for a server:
+        new work is announced by `announce()`, coalesced, rather than by each transaction."""
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            if announces:
+                await conn.execute("SET cyclone.announce = 'server'")
+
+        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, configure=configure,
                                    kwargs={"autocommit": True, "row_factory": dict_row})
         await pool.open(wait=True, timeout=30)
-        return cls(pool, **kw)
+        return cls(pool, announces=announces, **kw)
+
+    def announce(self) -> None:
+        """Steps may have become claimable: tell the listeners now, other servers soon."""
+        for listener in self.available_listeners:
+            listener()
+        if self.announces and self._announcing is None:
+            self._announcing = asyncio.get_running_loop().create_task(self._notify_others())
+
+    async def _notify_others(self) -> None:
+        try:
+            await asyncio.sleep(ANNOUNCE_WINDOW)  # what else becomes claimable meanwhile rides along
+            self._announcing = None
+            async with self.pool.connection() as conn:
+                await conn.execute("SELECT pg_notify('cyclone_available', '')")
+        except Exception as e:  # the other servers' dispatch timers still find the work
+            log.warning("announcing new work failed: %s", e)
+        finally:
+            self._announcing = None
 
     async def close(self) -> None:
+        if self._announcing is not None:
+            self._announcing.cancel()
         await self.pool.close()
 
     async def _all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
         try:
             async with self.pool.connection() as conn:
                 cur = await conn.execute(Q[query], params)
-                return await cur.fetchall() if cur.description else []
+                rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             raise _translate(e) from e
+        if rows and query in MAY_MAKE_AVAILABLE:
+            self.announce()
+        return rows
 
     async def _one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
         rows = await self._all(query, **params)

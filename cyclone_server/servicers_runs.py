@@ -7,7 +7,6 @@ import base64
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -35,12 +34,9 @@ _ENQUEUE_DURATIONS = ("backoff_initial", "backoff_max", "attempt_timeout", "rete
 class RunsServicer(runs_pb2_grpc.RunsServicer):
     """cyclone.v1.Runs."""
 
-    def __init__(self, engine: Engine, notifier: Notifier, wake: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, engine: Engine, notifier: Notifier) -> None:
         self.engine = engine
         self.notifier = notifier
-        # Wakes this server's dispatcher at once when an action may have made steps
-        # claimable (other servers hear the transaction's NOTIFY).
-        self._wake = wake
         self._closing = asyncio.Event()
 
     def close(self) -> None:
@@ -67,7 +63,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id, created = await self.engine.submit_run(
             request.workflow, version=request.version, input=input_, priority=request.priority,
             idempotency_key=request.idempotency_key or None, deadline=deadline, request_fingerprint=fingerprint)
-        self._wake()
         return runs_pb2.SubmitRunResponse(run_id=run_id, created=created)
 
     @rpc
@@ -92,7 +87,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         except InvalidArgument as e:
             # The job's options are validated as its one node: name the request's field.
             raise InvalidArgument(_strip_node_prefix(e.message)) from None
-        self._wake()
         return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
 
     # -- read ----------------------------------------------------------------------------
@@ -167,7 +161,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
                         context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
         applied = await self.engine.resume_run(run_id)
-        self._wake()
         return await self._act(run_id, applied)
 
     @rpc
@@ -176,7 +169,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id = required_id(request.run_id, "run_id")
         node = required(request.node, "node")
         applied = await self.engine.retry(run_id, node, deadline=deadline_of(request))
-        self._wake()
         return await self._act(run_id, applied)
 
     @rpc
@@ -184,7 +176,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
         applied = await self.engine.retry(run_id, None, deadline=deadline_of(request))
-        self._wake()
         return await self._act(run_id, applied)
 
     @rpc
@@ -193,8 +184,6 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id = required_id(request.run_id, "run_id")
         name = required(request.name, "name")
         signal_id, consumed_by = await self.engine.signal(run_id, name, convert.optional_value(request, "payload"))
-        if consumed_by:
-            self._wake()
         return runs_pb2.SignalResponse(signal_id=signal_id, consumed_by_step_id=consumed_by or "")
 
     @rpc

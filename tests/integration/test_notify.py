@@ -76,3 +76,29 @@ async def test_a_lost_connection_is_re_established_and_wakes_waiters(
     await asyncio.sleep(0)
     await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
     assert await waiting is True
+
+
+async def test_a_server_engine_announces_new_work_on_the_side_coalesced(
+        notifier: Notifier, db_url: str, conn: psycopg.AsyncConnection) -> None:
+    server_engine = await Engine.open(db_url, announces=True)
+    woken: list[None] = []
+    server_engine.available_listeners.append(lambda: woken.append(None))
+    available: list[None] = []
+    notifier.subscribe("cyclone_available", lambda: available.append(None))
+    try:
+        # Its sessions do not NOTIFY inside their transactions...
+        async with server_engine.pool.connection() as c:
+            row = await (await c.execute("SELECT current_setting('cyclone.announce', true) AS a")).fetchone()
+        assert row["a"] == "server"
+        # ... yet ten enqueues in a row reach the other servers' listeners, in fewer notifications.
+        await asyncio.gather(*(server_engine.enqueue("thumbnail", input={"n": i}) for i in range(10)))
+        assert len(woken) == 10  # its own dispatcher: at once, every time
+        await until(lambda: available)
+        await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")  # a marker after the announcements
+        ended = asyncio.create_task(notifier.wait("cyclone_run_ended", timeout=30))
+        await asyncio.sleep(0)
+        await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
+        assert await ended is True
+        assert 1 <= len(available) < 10
+    finally:
+        await server_engine.close()

@@ -43,8 +43,18 @@ LANGUAGE sql IMMUTABLE AS $$
                        WHEN 'child' THEN 'waiting_child' END
 $$;
 
-CREATE OR REPLACE FUNCTION cyclone__notify_available() RETURNS void
-LANGUAGE sql AS $$ SELECT pg_notify('cyclone_available', '') $$;
+-- A Cyclone server announces new work itself, coalesced across its transactions (its
+-- connections set cyclone.announce = 'server'): NOTIFY serialises the commits of the
+-- transactions that send it, which would halve the rate of Enqueue. Any other caller (a
+-- worker's CompletionTx, psql) notifies here, once per transaction.
+DROP FUNCTION IF EXISTS cyclone__notify_available();
+CREATE FUNCTION cyclone__notify_available() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('cyclone.announce', true) IS DISTINCT FROM 'server' THEN
+        PERFORM pg_notify('cyclone_available', '');
+    END IF;
+END $$;
 
 -- The run's result: the outputs of its leaves (nodes nothing depends on), by node id.
 CREATE OR REPLACE FUNCTION cyclone__run_result(p_run_id uuid) RETURNS jsonb
