@@ -178,16 +178,17 @@ async def test_cancel_and_fail_fast_end_waiting_and_paused_steps_with_their_chil
         bad_go.set()
         run = await client.wait(doomed, timeout=DEADLINE)
         assert run.state == "failed" and ended(run.step("bad")) == ("discarded", "permanent", "")
-        assert cancelled(run, "nap", "sig", "kid") == {n: ("cancelled", "fail_fast") for n in ("nap", "sig", "kid")}
+        waits_then = ("nap", "sig", "kid", "then")
+        assert cancelled(run, *waits_then) == {n: ("cancelled", "fail_fast") for n in waits_then}
         assert (await client.get(children[2])).state == "cancelled"
         await until(lambda: sorted(stopped) == sorted(children), "every child's handler told to stop")
         # Retry of the discard reopens what its fail-fast cancelled: cancelled -> pending -> waiting_*,
         # and the child node, whose child run was cancelled, starts a new one.
-        await client.retry(doomed, "bad")
-        run = await run_when(client, doomed, lambda r: r.step("then").state == "completed", "then completed")
-        assert states(run, "nap", "sig", "kid") == {"nap": "waiting_timer", "sig": "waiting_signal",
-                                                    "kid": "waiting_child"}
-        assert run.step("kid").child_run_id not in ("", children[2])
+        run = await client.retry(doomed, "bad")
+        assert states(run, "nap", "sig") == {"nap": "waiting_timer", "sig": "waiting_signal"}
+        run = await run_when(client, doomed, lambda r: r.step("then").state == "completed"
+                             and r.step("kid").child_run_id not in ("", children[2]), "then and a new child run")
+        assert run.step("kid").state == "waiting_child"
         await client.cancel(doomed)
 
 
