@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,6 +43,7 @@ from cyclone_server.engine import Engine  # noqa: E402
 from cyclone_server.migrate import migrate  # noqa: E402
 
 LIVE_KIND = "live"
+CLAIM_APP = "cyclone-bench-claims"  # application_name of the claim connections
 PURGE_AGE = 3600.0  # seconds: the bulk runs finished two days ago, the live ones just now
 
 # Terminal standalone jobs (node "work"), one per millisecond two days ago. cyclone_uuid7()
@@ -98,6 +100,9 @@ class Load:
     samples: list[Sample] = field(default_factory=list)
     empty: int = 0  # claims that found nothing (the live queue ran dry: too small for the run)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    # (time, claim connections waiting on a row or table lock, on the NOTIFY queue lock, busy at all):
+    # pg_stat_activity samples.
+    lock_samples: list[tuple[float, int, int, int]] = field(default_factory=list)
 
 
 async def claimer(engine: Engine, name: str, load: Load) -> None:
@@ -112,6 +117,24 @@ async def claimer(engine: Engine, name: str, load: Load) -> None:
         status = await engine.complete(str(rows[0]["step_id"]), rows[0]["lease_generation"], {"ok": True})
         assert status == "applied", status
         load.samples.append(Sample(t0, t1 - t0, time.perf_counter() - t0))
+
+
+async def watch_locks(url: str, load: Load) -> None:
+    """Sample pg_stat_activity: is a claim connection waiting on a lock, one the purge could hold?
+
+    Lock waits on "object" are the NOTIFY queue's lock, which every committing transaction
+    that notified takes (a completion that ends a run notifies): those are counted apart.
+    """
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        while not load.stop.is_set():
+            row = await (await conn.execute(
+                "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event <> 'object'), "
+                "count(*) FILTER (WHERE wait_event_type = 'Lock' AND wait_event = 'object'), "
+                "count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity WHERE application_name = %s",
+                (CLAIM_APP,))).fetchone()
+            assert row is not None
+            load.lock_samples.append((time.perf_counter(), *row))
+            await asyncio.sleep(0.02)
 
 
 def quantiles(values: list[float]) -> tuple[float, float, float]:
@@ -167,10 +190,11 @@ async def purge_passes(retention: Engine, batch: int, per_pass: int,
 
 
 async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int, baseline: float) -> None:
-    work = await Engine.open(url, min_size=claimers, max_size=claimers)
+    work = await Engine.open(make_conninfo(url, application_name=CLAIM_APP), min_size=claimers, max_size=claimers)
     retention = await Engine.open(url, min_size=1, max_size=1)
     load = Load()
     tasks = [asyncio.create_task(claimer(work, f"bench-{i}", load)) for i in range(claimers)]
+    tasks.append(asyncio.create_task(watch_locks(url, load)))
     batches: list[float] = []
     windows: list[tuple[str, float, float]] = []
     try:
@@ -193,12 +217,14 @@ async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int,
     if load.empty:
         raise SystemExit(f"the live queue ran dry ({load.empty} empty claims): raise --queue")
 
-    rows = {}
+    rows, locks = {}, {}
     for name in ("baseline", "between passes", "purge passes"):
         spans = [(s, e) for n, s, e in windows if n == name]
         ss = [x for x in load.samples if any(s <= x.at < e for s, e in spans)]
         seconds = sum(e - s for s, e in spans)
         rows[name] = (len(ss), len(ss) / seconds, *quantiles([x.claim for x in ss]), *quantiles([x.cycle for x in ss]))
+        ls = [x for x in load.lock_samples if any(s <= x[0] < e for s, e in spans)]
+        locks[name] = (sum(1 for x in ls if x[1]), sum(1 for x in ls if x[2]), len(ls))
     print(f"\n{claimers} claim tasks (Engine.claim of 1 step + Engine.complete), durable commits; times in ms")
     print(f"{'':<22} {'cycles':>7} {'cycles/s':>9} {'claim p50':>10} {'p99':>8} {'max':>8} "
           f"{'cycle p50':>10} {'p99':>8} {'max':>8}")
@@ -217,10 +243,11 @@ async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int,
           f"(passes of {per_pass}): {deleted / active:,.0f} runs/s while purging ({active:.1f} s), "
           f"{deleted / wall:,.0f} runs/s with the pauses ({wall:.1f} s)")
     print(f"one batch (one transaction): p50 {b50:.1f} ms, p99 {b99:.1f} ms, max {bmax:.1f} ms")
+    print("samples of pg_stat_activity (every 20 ms) with a claim connection waiting on a row or table lock / "
+          "on the NOTIFY queue lock: " + ", ".join(f"{name} {w} / {nq} of {n}" for name, (w, nq, n) in locks.items()))
 
 
 def create_database(admin_url: str, name: str) -> str:
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))

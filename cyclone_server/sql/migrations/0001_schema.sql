@@ -174,6 +174,9 @@ CREATE TABLE cyclone_signals (
 );
 CREATE INDEX cyclone_signals_unconsumed ON cyclone_signals (run_id, name, created_at, id)
     WHERE consumed_by IS NULL;
+-- Deleting a run deletes its signals (the foreign key's cascade): without this index every
+-- purged run would scan the whole mailbox table.
+CREATE INDEX cyclone_signals_run ON cyclone_signals (run_id);
 
 -- Per step kind: how many steps wait to be claimed, how many run, and how long the oldest
 -- claimable one has waited (the primary backlog indicator). Every figure comes from
