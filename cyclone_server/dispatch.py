@@ -202,7 +202,11 @@ class Dispatcher:
             want = conn.free_slots
             if not kinds or want <= 0:
                 continue
-            rows = await self.engine.claim(conn.worker_id, kinds, want, self.lease_ttl)
+            try:
+                rows = await self.engine.claim(conn.worker_id, kinds, want, self.lease_ttl)
+            except psycopg.DataError as e:  # this worker's data, not the database: serve the others
+                log.warning("claim for worker %r failed: %s", conn.worker_id, e)
+                continue
             if len(rows) < want:
                 exhausted.update(kinds)
             if not rows:

@@ -150,17 +150,19 @@ class Engine:
     async def _notify_others(self) -> None:
         try:
             await asyncio.sleep(ANNOUNCE_WINDOW)  # what else becomes claimable meanwhile rides along
+        finally:
+            # From here on, new work needs a new announcement (the next window's task).
             self._announcing = None
+        try:
             async with self.pool.connection() as conn:
                 await conn.execute("SELECT pg_notify('cyclone_available', '')")
         except Exception as e:  # the other servers' dispatch timers still find the work
             log.warning("announcing new work failed: %s", e)
-        finally:
-            self._announcing = None
 
     async def close(self) -> None:
         if self._announcing is not None:
             self._announcing.cancel()
+            await asyncio.gather(self._announcing, return_exceptions=True)
         await self.pool.close()
 
     async def _all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:

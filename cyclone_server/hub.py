@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 MAX_SLOTS = 10_000
 MAX_WORKER_ID = 200
 PONG_MISSES = 3  # heartbeat intervals without a word from the worker before its stream is ended
+HELLO_TIMEOUT = 30.0  # seconds a new stream may take to say hello
 
 
 def _check_hello(hello: pb.Hello) -> str | None:
@@ -35,6 +36,8 @@ def _check_hello(hello: pb.Hello) -> str | None:
         return "hello.worker_id: required"
     if len(hello.worker_id) > MAX_WORKER_ID:
         return f"hello.worker_id: longer than {MAX_WORKER_ID} characters"
+    if "\x00" in hello.worker_id:
+        return "hello.worker_id: must not contain U+0000"
     if not hello.kinds:
         return "hello.kinds: at least one step kind is required"
     for kind in hello.kinds:
@@ -128,7 +131,10 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
     async def Connect(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
         if not self._accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
-        first = await context.read()
+        try:
+            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no hello within {HELLO_TIMEOUT:.0f} s")
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("msg") != "hello":

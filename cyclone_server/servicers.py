@@ -20,7 +20,7 @@ import psycopg_pool
 
 from cyclone_worker._proto import admin_pb2, admin_pb2_grpc, workflows_pb2, workflows_pb2_grpc
 
-from . import convert
+from . import convert, definitions
 from .engine import Engine, parse_id
 from .errors import CycloneError, InvalidArgument
 
@@ -41,8 +41,9 @@ def rpc(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
             return await fn(self, request, context)
         except CycloneError as e:
             await context.abort(e.status, e.message)
-        except psycopg.errors.DataException as e:
-            # A value Postgres cannot take that no check above caught: still the caller's input.
+        except psycopg.DataError as e:
+            # A value Postgres (or psycopg, before sending it) cannot take that no check above
+            # caught: still the caller's input.
             log.warning("%s: data exception: %s", fn.__name__, e)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid value: {e.diag.message_primary or e}")
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
@@ -124,7 +125,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):
     @rpc
     async def GetWorkflow(self, request: workflows_pb2.GetWorkflowRequest,
                           context: grpc.aio.ServicerContext) -> Any:
-        required(request.name, "name")
+        definitions.validate_name(required(request.name, "name"))
         non_negative(request.version, "version")
         return convert.workflow_to_proto(await self.engine.get_workflow(request.name, request.version))
 

@@ -224,6 +224,8 @@ async def test_an_output_that_cannot_be_stored_is_invalid_and_spares_the_rest_of
     (pb.WorkerMessage(hello=pb.Hello(worker_id="w", slots=1)), "hello.kinds"),
     (pb.WorkerMessage(hello=pb.Hello(kinds=["a"], slots=1)), "hello.worker_id"),
     (pb.WorkerMessage(hello=pb.Hello(worker_id="w", kinds=["no spaces"], slots=1)), "hello.kinds"),
+    # Postgres text cannot hold U+0000: such an id would break every claim made for it.
+    (pb.WorkerMessage(hello=pb.Hello(worker_id="w\x00", kinds=["a"], slots=1)), "hello.worker_id"),
 ])
 async def test_a_bad_opening_ends_the_stream_with_invalid_argument(channel, first, field) -> None:
     call = workers_pb2_grpc.WorkersStub(channel).Connect()
