@@ -119,7 +119,6 @@ class Context:
         self._pool = pool
         # Set once completion_tx committed: the step is already completed in the database.
         self.completed_in_tx = False
-        self.tx_output: Any = None
 
     @property
     def last_attempt(self) -> bool:
@@ -176,4 +175,3 @@ class Context:
                 if status != "applied":
                     raise Fenced(status, self.step_id, self.lease_generation)
         self.completed_in_tx = True
-        self.tx_output = tx.output

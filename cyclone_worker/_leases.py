@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._context import Context
 from ._errors import Permanent, outcome_of
+from ._models import enum_name
 from ._proto import workers_pb2
 from ._values import to_duration, to_value
 
@@ -104,7 +105,7 @@ class LeaseTable:
         h = self.held.get((ack.step_id, ack.lease_generation))
         if h is None:
             return
-        status = workers_pb2.AckStatus.Name(ack.status).removeprefix("ACK_STATUS_").lower()
+        status = enum_name(workers_pb2.AckStatus, ack.status, "ACK_STATUS_")  # a newer server's status too
         self.counts[status] += 1
         if ack.status == workers_pb2.ACK_STATUS_INVALID and h.result is not None and h.result.HasField("completed"):
             # The server could not read our output: fail the attempt instead, once.
@@ -133,15 +134,19 @@ class LeaseTable:
                 result = workers_pb2.StepResult(completed=workers_pb2.Completed(output=to_value(out, "output")))
             except (TypeError, ValueError) as e:
                 result = outcome_of(Permanent(f"output is not JSON: {e}"))
-        except asyncio.CancelledError:
-            if not h.stopped:
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if not h.stopped and task is not None and task.cancelling():
                 raise  # the worker itself is being torn down
-            result = None
+            # Stopped by the server, or the handler raised CancelledError of its own: the
+            # latter is an ordinary (retryable) failure, so the lease is answered, not orphaned.
+            result = None if h.stopped else outcome_of(RuntimeError(f"handler raised CancelledError {e}".strip()))
         except Exception as e:  # noqa: BLE001 - every handler error becomes a result
             result = outcome_of(e)
         if h.ctx.completed_in_tx:
-            # The step completed in the handler's transaction; this answer only frees the slot.
-            result = workers_pb2.StepResult(completed=workers_pb2.Completed(output=to_value(h.ctx.tx_output)))
+            # The step completed in the handler's transaction; this answer only frees the slot
+            # (it is acked ENDED), so it carries no output that could fail to convert.
+            result = workers_pb2.StepResult(completed=workers_pb2.Completed())
         if result is None or h.stopped:
             self._drop(h)
             return
