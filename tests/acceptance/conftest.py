@@ -1,8 +1,9 @@
-"""Acceptance fixtures: a real `cyclone-server` subprocess on a free loopback port, and a channel to it.
+"""Acceptance fixtures: a real `cyclone-server` subprocess on a free loopback port, a channel and stubs to it.
 
 `start_server(db_url)` launches `python -m cyclone_server` against a test database and waits
 for its ready file; every server a test started is killed at teardown, and the logs of all
-of them are printed when the test failed.
+of them are printed when the test failed. `engine` is an Engine on the same database, for
+tests that move steps as a worker would while no worker is connected.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from cyclone_server.engine import Engine
+from cyclone_worker._proto import runs_pb2_grpc, workflows_pb2_grpc
 
 READY_DEADLINE = 60.0
 STOP_DEADLINE = 30.0
@@ -138,3 +142,21 @@ def server(start_server: Callable[..., ServerProc], db_url: str) -> ServerProc:
 async def channel(server: ServerProc) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(server.address) as ch:
         yield ch
+
+
+@pytest.fixture
+def wf(channel: grpc.aio.Channel) -> workflows_pb2_grpc.WorkflowsStub:
+    return workflows_pb2_grpc.WorkflowsStub(channel)
+
+
+@pytest.fixture
+def runs(channel: grpc.aio.Channel) -> runs_pb2_grpc.RunsStub:
+    return runs_pb2_grpc.RunsStub(channel)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[Engine]:
+    """An Engine over the test's database (a small pool: the server under test holds its own)."""
+    e = await Engine.open(db_url, min_size=1, max_size=2)
+    yield e
+    await e.close()

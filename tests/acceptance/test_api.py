@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone_server.convert import py_to_value, to_timestamp, value_to_py
@@ -22,30 +21,9 @@ from cyclone_server.engine import Engine
 from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
 
+from waits_helpers import secs
+
 S = types_pb2  # enum values: S.RUN_STATE_RUNNING, S.STEP_STATE_AVAILABLE, ...
-
-
-@pytest.fixture
-def wf(channel: grpc.aio.Channel) -> workflows_pb2_grpc.WorkflowsStub:
-    return workflows_pb2_grpc.WorkflowsStub(channel)
-
-
-@pytest.fixture
-def runs(channel: grpc.aio.Channel) -> runs_pb2_grpc.RunsStub:
-    return runs_pb2_grpc.RunsStub(channel)
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[Engine]:
-    e = await Engine.open(db_url, min_size=1, max_size=2)
-    yield e
-    await e.close()
-
-
-def secs(s: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(s * 1e9))
-    return d
 
 
 async def register(wf: workflows_pb2_grpc.WorkflowsStub, name: str, *nodes: types_pb2.Node) -> types_pb2.Workflow:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,13 +128,6 @@ async def attempt(action: str, client: Client, runs: Runs) -> tuple[str, str | N
         "stats": lambda: client.stats(),
     }
     return await code_of(calls[action]()), run_id
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[Engine]:
-    e = await Engine.open(db_url, min_size=1, max_size=2)
-    yield e
-    await e.close()
 
 
 @pytest.fixture

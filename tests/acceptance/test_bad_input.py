@@ -14,26 +14,12 @@ from google.protobuf import duration_pb2
 from cyclone_server.convert import py_to_value, to_timestamp
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
+from waits_helpers import secs
+
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
 UNKNOWN_ID = "01900000-0000-7000-8000-000000000000"
 N = types_pb2.Node
-
-
-@pytest.fixture
-def wf(channel: grpc.aio.Channel) -> workflows_pb2_grpc.WorkflowsStub:
-    return workflows_pb2_grpc.WorkflowsStub(channel)
-
-
-@pytest.fixture
-def runs(channel: grpc.aio.Channel) -> runs_pb2_grpc.RunsStub:
-    return runs_pb2_grpc.RunsStub(channel)
-
-
-def secs(s: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(s * 1e9))
-    return d
 
 
 async def expect(call: Awaitable[Any], code: grpc.StatusCode, *words: str) -> str:
@@ -92,6 +78,7 @@ async def test_workflow_names_and_reads(wf: workflows_pb2_grpc.WorkflowsStub, co
     assert await count(conn, "cyclone_workflows") == 0
     await expect(wf.GetWorkflow(workflows_pb2.GetWorkflowRequest()), INVALID, "name: required")
     await expect(wf.GetWorkflow(workflows_pb2.GetWorkflowRequest(name="w", version=-1)), INVALID, "version")
+    await expect(wf.GetWorkflow(workflows_pb2.GetWorkflowRequest(name="w\x00")), INVALID, "name")
     await expect(wf.GetWorkflow(workflows_pb2.GetWorkflowRequest(name="w")), NOT_FOUND, "w")
     await register(wf, "w", N(id="a"))
     await expect(wf.GetWorkflow(workflows_pb2.GetWorkflowRequest(name="w", version=2)), NOT_FOUND, "version 2")

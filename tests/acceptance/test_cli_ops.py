@@ -14,7 +14,6 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -36,13 +35,6 @@ def cli(address: str, *args: str, token: str | None = None) -> subprocess.Comple
 def spawn(address: str, *args: str, **kw: Any) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", ENTRY, *args, "--address", address],
                             env={**os.environ, "COLUMNS": "200"}, **kw)
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[Engine]:
-    e = await Engine.open(db_url, min_size=1, max_size=2)
-    yield e
-    await e.close()
 
 
 @pytest.fixture

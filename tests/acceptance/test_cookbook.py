@@ -20,7 +20,6 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,13 +241,6 @@ class State:
                 arg = arg.replace(token, value)
             out.append(arg)
         return out, values
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[Engine]:
-    e = await Engine.open(db_url, min_size=1, max_size=2)
-    yield e
-    await e.close()
 
 
 def test_the_documents_have_grpcurl_lines_and_each_names_what_it_calls() -> None:

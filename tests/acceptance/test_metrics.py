@@ -47,13 +47,6 @@ def parse(text: str) -> dict[str, float]:
 
 
 @pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[Engine]:
-    engine = await Engine.open(db_url, min_size=1, max_size=2)
-    yield engine
-    await engine.close()
-
-
-@pytest.fixture
 async def endpoint(engine: Engine) -> AsyncIterator[tuple[Metrics, MetricsServer]]:
     metrics = Metrics()
     server = await serve_metrics(metrics, engine, "127.0.0.1", 0)

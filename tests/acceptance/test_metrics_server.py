@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -23,8 +22,8 @@ from cyclone_worker._proto import workers_pb2 as pb
 from cyclone_worker._proto import workers_pb2_grpc
 
 from test_metrics import http_get, parse
+from waits_helpers import DEADLINE, until
 
-DEADLINE = 60.0
 N_OK, M_FLAKY, N_BACKLOG = 12, 3, 4
 
 
@@ -41,13 +40,6 @@ async def scrape(port: int) -> dict[str, float]:
     status, _, body = await http_get(port)
     assert status == 200
     return parse(body)
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 async def database_says(conn: psycopg.AsyncConnection) -> dict[str, float]:

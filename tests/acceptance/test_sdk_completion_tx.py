@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,15 +11,7 @@ import pytest
 
 from cyclone_worker import Client, Context, Fenced, Reconnect, Worker
 
-DEADLINE = 60.0
-
-
-async def until(cond: Callable[[], Any], timeout: float = DEADLINE, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from waits_helpers import DEADLINE, until
 
 
 @pytest.fixture

@@ -21,16 +21,9 @@ from cyclone_worker._proto import workers_pb2 as pb
 from cyclone_worker._proto import workers_pb2_grpc
 from cyclone_worker._values import to_value
 
-DEADLINE = 60.0
+from waits_helpers import DEADLINE, until
+
 HERE = Path(__file__).parent
-
-
-async def until(cond: Callable[[], Any], timeout: float = DEADLINE, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,21 +11,7 @@ import pytest
 from cyclone_worker import (CancelBranch, Client, Context, Permanent, RetryAfter, RunFailed, Snooze, Worker,
                             Workflow)
 
-DEADLINE = 60.0
-
-
-async def until(cond: Callable[[], Any], timeout: float = DEADLINE, what: str = "condition") -> None:
-    """Poll `cond` (sync or async) until it is truthy."""
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from waits_helpers import DEADLINE, until
 
 
 @pytest.fixture
@@ -244,3 +228,26 @@ async def test_graceful_stop_lets_running_handlers_finish_and_delivers_their_res
     assert (await client.get(slow)).steps[0].output == "finished"
     step = (await client.get(late)).steps[0]
     assert step.state == "available" and step.attempt == 1 and step.output is None
+
+
+async def test_a_handler_raising_cancelled_error_itself_fails_the_attempt_instead_of_holding_the_lease(
+        server: Any, client: Client) -> None:
+    # Not a stop from the server and not the worker shutting down: an ordinary, retryable
+    # failure, so the lease is answered and the step does not hang in running.
+    calls: list[int] = []
+    worker = Worker(server.address, slots=1)
+
+    @worker.handler("flaky")
+    async def flaky(ctx: Context) -> str:
+        calls.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise asyncio.CancelledError("an inner timeout leaked out")
+        return "ok"
+
+    async with worker:
+        run_id = await client.enqueue("flaky", backoff_initial=0.05, backoff_max=0.1)
+        result = await client.result(run_id, timeout=DEADLINE)
+    assert result == {"flaky": "ok"}
+    assert calls == [1, 2]
+    step = (await client.get(run_id)).step("flaky")
+    assert (step.attempt, step.errors[0].message) == (2, "RuntimeError: handler raised CancelledError an inner timeout leaked out")

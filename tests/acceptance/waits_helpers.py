@@ -1,4 +1,4 @@
-"""Polling and reading helpers shared by the wait and pause acceptance tests."""
+"""Helpers shared by the acceptance tests: polling with a deadline, reading runs, proto durations."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from google.protobuf import duration_pb2
 
 from cyclone_worker import Client, Run, Step
 
@@ -50,3 +52,10 @@ def ended(step: Step) -> tuple[str, str, str]:
 def cancelled(run: Run, *nodes: str) -> dict[str, tuple[str, str]]:
     """Node -> (state, cancel_cause) of `nodes`."""
     return {n: (run.step(n).state, run.step(n).cancel_cause) for n in nodes}
+
+
+def secs(s: float) -> duration_pb2.Duration:
+    """`s` seconds as a protobuf Duration (the wire type of timeouts, max_wait and sleep)."""
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(s * 1e9))
+    return d

@@ -47,6 +47,15 @@ async def race(ops: list[Callable[[], Awaitable[Any]]], errors: list[BaseExcepti
     await asyncio.gather(*(guarded(op) for op in ops))
 
 
+async def race_batch(conn: psycopg.AsyncConnection, rng: random.Random, ops: list[Callable[[], Awaitable[Any]]],
+                     errors: list[BaseException], batch: int) -> None:
+    """Race one batch of `ops` in a shuffled order; then no error but the legal ones, and no broken invariant."""
+    rng.shuffle(ops)
+    await race(ops, errors)
+    assert not errors, errors
+    assert await violations(conn) == {}, f"batch {batch}"
+
+
 async def test_many_claimers_never_hold_one_step_under_two_leases(db_url: str, conn) -> None:
     total = 5000
     node = definitions.normalize_job("bulk", {})
@@ -153,10 +162,7 @@ async def test_racing_actions_on_the_same_runs_end_in_legal_states(db_url: str, 
                 if held and rng.random() < 0.5:
                     await expire_lease(conn, held[0]["step_id"])
                 ops += make_ops(rng, engines, run_id, held)
-            rng.shuffle(ops)
-            await race(ops, errors)
-            assert not errors, errors
-            assert await violations(conn) == {}, f"batch {batch}"
+            await race_batch(conn, rng, ops, errors, batch)
     finally:
         await close_all(engines)
     # The races reached every run state, so each kind of ending was raced against the others.
@@ -302,10 +308,7 @@ async def test_waits_racing_signals_pauses_cancels_and_scanners(db_url: str, con
                     lambda e=pick(): claim_and_finish(e, rng.random() < 0.2),
                 ]
                 ops += rng.sample(candidates, rng.randint(3, len(candidates)))
-            rng.shuffle(ops)
-            await race(ops, errors)
-            assert not errors, errors
-            assert await violations(conn) == {}, f"batch {batch}"
+            await race_batch(conn, rng, ops, errors, batch)
     finally:
         await close_all(engines)
 
