@@ -219,7 +219,6 @@ class Dispatcher:
             # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
             conn.send(pb.ServerMessage(leases=pb.Leases(leases=[lease_message(r) for r in rows])))
             for row in rows:  # from claimable (scheduled_at) to pushed
-                self.stats["dispatch_latency"].append(row["waited"])
                 for observe in self.latency_observers:
                     observe(row["waited"])
 

@@ -90,11 +90,10 @@ def request_hash(*fields: Any) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _translate(e: psycopg.Error) -> Exception:
+def _translate(e: psycopg.Error) -> CycloneError | None:
+    """The CycloneError for an error a SQL function raised on purpose (SQLSTATE CY...), else None."""
     cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
-    if cls is not None:
-        return cls(e.diag.message_primary or str(e))
-    return e
+    return cls(e.diag.message_primary or str(e)) if cls is not None else None
 
 
 def _seconds(td: float | timedelta | None) -> timedelta | None:
@@ -171,7 +170,10 @@ class Engine:
                 cur = await conn.execute(Q[query], params)
                 rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
-            raise _translate(e) from e
+            translated = _translate(e)
+            if translated is None:
+                raise
+            raise translated from e
         if rows and query in MAY_MAKE_AVAILABLE:
             self.announce()
         return rows

@@ -74,13 +74,13 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         # Running totals for metrics, read by whoever exports them: claims, completions and
         # snoozes by kind; failures by (kind, error_kind: error | permanent | max_attempts |
         # output_too_large); fenced_results by refusal (stale | ended | unknown); stops by
-        # reason; streams opened (connects) and opened with held leases (reconnects); the
-        # last dispatch latencies in seconds (step claimable to its lease pushed).
+        # reason; streams opened (connects) and opened with held leases (reconnects).
+        # Dispatch latencies go to Dispatcher.latency_observers instead.
         self.stats: dict[str, Any] = {
             "claims": collections.Counter(), "completions": collections.Counter(),
             "failures": collections.Counter(), "snoozes": collections.Counter(),
             "fenced_results": collections.Counter(), "stops": collections.Counter(), "result_batches": 0,
-            "connects": 0, "reconnects": 0, "dispatch_latency": collections.deque(maxlen=1000),
+            "connects": 0, "reconnects": 0,
         }
         self.dispatcher = Dispatcher(engine, lambda: self.conns, lease_ttl=lease_ttl, stats=self.stats,
                                      poll_interval=poll_interval)

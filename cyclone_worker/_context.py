@@ -55,14 +55,19 @@ class CancelFlag:
             return
         self.reason = reason
         self._flag.set()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._event.set()
-        else:
-            self._loop.call_soon_threadsafe(self._event.set)
+        set_event(self._loop, self._event)
+
+
+def set_event(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set an asyncio.Event of `loop` from any thread (an Event is not thread-safe)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        event.set()
+    else:
+        loop.call_soon_threadsafe(event.set)
 
 
 @dataclass

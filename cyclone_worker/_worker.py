@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from ._channel import auth_metadata, open_channel
-from ._context import Context
+from ._context import Context, set_event
 from ._leases import LeaseTable
 from ._proto import workers_pb2, workers_pb2_grpc
 from ._session import Disconnected, Session, reconnectable
@@ -200,14 +200,7 @@ class Worker:
         if self._loop is None:
             self._stop_requested.set()
             return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self._loop:
-            self._stop_requested.set()
-        else:
-            self._loop.call_soon_threadsafe(self._stop_requested.set)
+        set_event(self._loop, self._stop_requested)
 
     async def run(self) -> None:
         """Connect and run leases until `stop()` (then drain gracefully) or a fatal error
