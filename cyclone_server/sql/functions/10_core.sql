@@ -243,26 +243,31 @@ CREATE OR REPLACE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT 
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     sid uuid;
+    ids uuid[];
     n integer := 0;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM cyclone_runs WHERE id = p_run_id AND state = 'running') THEN
         RETURN 0;
     END IF;
-    -- Two statements rather than one with "p_after IS NULL OR ...": a completion must start
-    -- from the dependents of its step (cyclone_step_deps_dep), never walk the whole run.
-    FOR sid IN
-        SELECT s.id FROM cyclone_step_deps a JOIN cyclone_steps s ON s.id = a.step_id
-         WHERE p_after IS NOT NULL AND a.dep_id = p_after AND s.state = 'pending'
+    -- Two statements, not one with "p_after IS NULL OR ...": a completion must start from
+    -- the dependents of its step (cyclone_step_deps_dep), never walk the whole run. Not one
+    -- UNION ALL either: its custom plan (one branch pruned) always looks cheaper than the
+    -- generic one, so Postgres would plan it again on every completion.
+    IF p_after IS NOT NULL THEN
+        SELECT array_agg(s.id ORDER BY s.id) INTO ids
+          FROM cyclone_step_deps a JOIN cyclone_steps s ON s.id = a.step_id
+         WHERE a.dep_id = p_after AND s.state = 'pending'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
-                            WHERE d.step_id = s.id AND p.state <> 'completed')
-        UNION ALL
-        SELECT s.id FROM cyclone_steps s
-         WHERE p_after IS NULL AND s.run_id = p_run_id AND s.state = 'pending'
+                            WHERE d.step_id = s.id AND p.state <> 'completed');
+    ELSE
+        SELECT array_agg(s.id ORDER BY s.id) INTO ids
+          FROM cyclone_steps s
+         WHERE s.run_id = p_run_id AND s.state = 'pending'
            AND NOT (p_skip_children AND s.type = 'child')
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
-                            WHERE d.step_id = s.id AND p.state <> 'completed')
-         ORDER BY 1
-    LOOP
+                            WHERE d.step_id = s.id AND p.state <> 'completed');
+    END IF;
+    FOREACH sid IN ARRAY COALESCE(ids, '{}') LOOP
         PERFORM cyclone__step_enter(p_run_id, sid);
         n := n + 1;
     END LOOP;
@@ -392,6 +397,8 @@ RETURNS cyclone_runs LANGUAGE plpgsql AS $$
 DECLARE
     r cyclone_runs;
     sid uuid;
+    any_available boolean;
+    any_child boolean;
 BEGIN
     INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
                               idempotency_key, request_hash, deadline_at, parent_run_id,
@@ -403,6 +410,9 @@ BEGIN
                FROM jsonb_array_elements(p_nodes) n WHERE n ->> 'retention' IS NOT NULL))
     RETURNING * INTO r;
 
+    -- What the new steps entered is taken from the insert itself: a query on the run's
+    -- available steps would be planned against the claim index and walk the whole queue.
+    WITH inserted AS (
     INSERT INTO cyclone_steps (
         id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
         attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
@@ -427,7 +437,11 @@ BEGIN
            CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() + make_interval(secs => (n ->> 'max_wait')::float8) END
       FROM jsonb_array_elements(p_nodes) WITH ORDINALITY AS t (n, ord)
      CROSS JOIN LATERAL (SELECT jsonb_array_length(n -> 'deps') = 0 AS ready) x
-     ORDER BY ord;
+     ORDER BY ord
+    RETURNING state)
+    SELECT COALESCE(bool_or(state = 'available'), false), COALESCE(bool_or(state = 'waiting_child'), false)
+      INTO any_available, any_child
+      FROM inserted;
 
     INSERT INTO cyclone_step_deps (run_id, step_id, dep_id)
     SELECT r.id, s.id, d.id
@@ -436,12 +450,14 @@ BEGIN
       JOIN cyclone_steps s ON s.run_id = r.id AND s.node = n ->> 'id'
       JOIN cyclone_steps d ON d.run_id = r.id AND d.node = dep.node;
 
-    IF EXISTS (SELECT 1 FROM cyclone_steps WHERE run_id = r.id AND state = 'available') THEN
+    IF any_available THEN
         PERFORM cyclone__notify_available();
     END IF;
-    FOR sid IN SELECT id FROM cyclone_steps WHERE run_id = r.id AND state = 'waiting_child' ORDER BY id LOOP
-        PERFORM cyclone__child_attach(r.id, sid);
-    END LOOP;
+    IF any_child THEN
+        FOR sid IN SELECT id FROM cyclone_steps WHERE run_id = r.id AND state = 'waiting_child' ORDER BY id LOOP
+            PERFORM cyclone__child_attach(r.id, sid);
+        END LOOP;
+    END IF;
     SELECT * INTO r FROM cyclone_runs WHERE id = r.id;
     RETURN r;
 END $$;
