@@ -40,7 +40,8 @@ OPEN = frozenset()  # no token needed
 # is admin-only until it is listed: new RPCs fail closed.
 METHOD_ROLES: dict[str, frozenset[str]] = {
     "/cyclone.v1.Workers/Connect": WORKER,
-    **{f"/cyclone.v1.Runs/{m}": SUBMIT for m in ("SubmitRun", "Enqueue", "GetRun", "ListRuns", "WaitRun", "Signal")},
+    **{f"/cyclone.v1.Runs/{m}": SUBMIT for m in ("SubmitRun", "Enqueue", "EnqueueMany", "GetRun", "ListRuns",
+                                                 "WaitRun", "Signal")},
     **{f"/cyclone.v1.Runs/{m}": ADMIN for m in ("CancelRun", "PauseRun", "ResumeRun", "RetryStep", "RetryAll",
                                                 "PurgeTerminalRuns")},
     **{f"/cyclone.v1.Workflows/{m}": SUBMIT for m in ("RegisterWorkflow", "GetWorkflow", "ListWorkflows")},

@@ -9,6 +9,7 @@ Postgres.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,15 +29,31 @@ from .errors import SQLSTATE_ERRORS, CycloneError, InvalidArgument, NotFound
 from .queries import Q
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+ENQUEUE_MANY_MAX = 1000  # jobs per EnqueueMany call
 ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
 # The statements after which steps may have become claimable (when they returned rows).
 MAY_MAKE_AVAILABLE = frozenset({
-    "run_submit", "job_enqueue", "results_apply", "step_complete", "step_fail", "step_snooze", "leases_sweep",
-    "attempts_timeout", "timers_fire", "waits_expire", "children_start", "children_settle", "run_resume",
-    "run_retry", "run_signal"})
+    "run_submit", "job_enqueue", "jobs_enqueue", "results_apply", "step_complete", "step_fail", "step_snooze",
+    "leases_sweep", "attempts_timeout", "timers_fire", "waits_expire", "children_start", "children_settle",
+    "run_resume", "run_retry", "run_signal"})
 log = logging.getLogger("cyclone.engine")
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
 RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One standalone job for `Engine.enqueue_many`, with `Engine.enqueue`'s arguments."""
+
+    kind: str
+    input: Any = None
+    priority: int = 0
+    idempotency_key: str | None = None
+    deadline: datetime | None = None
+    scheduled_at: datetime | None = None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # What identifies the request for the idempotency check; default: the fields above.
+    request_fingerprint: Any = None
 
 
 @dataclass(frozen=True)
@@ -227,15 +244,50 @@ class Engine:
                       options: Mapping[str, Any] | None = None,
                       request_fingerprint: Any = None) -> tuple[str, str, bool]:
         """A standalone job: a one-node run; returns (run_id, step_id, created)."""
-        node = definitions.normalize_job(kind, options or {})
-        check_payload(input, "input", self.max_payload_bytes)
-        fp = request_fingerprint if request_fingerprint is not None else (
-            kind, input, priority, deadline, scheduled_at, dict(options or {}))
-        row = await self._one("job_enqueue", node=Jsonb(node), input=Jsonb(input), priority=priority,
-                              idempotency_key=idempotency_key or None, request_hash=request_hash("job", fp),
-                              deadline=deadline, scheduled_at=scheduled_at)
+        job = self._job(Job(kind, input=input, priority=priority, idempotency_key=idempotency_key,
+                            deadline=deadline, scheduled_at=scheduled_at, options=options or {},
+                            request_fingerprint=request_fingerprint))
+        row = await self._one("job_enqueue", **{**job, "node": Jsonb(job["node"]), "input": Jsonb(job["input"])})
         assert row is not None
         return str(row["run_id"]), str(row["step_id"]), row["created"]
+
+    async def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[str, str, bool]]:
+        """Many standalone jobs in one transaction, all or none; (run_id, step_id, created) each, in order.
+
+        An error names the job by its index: "jobs[3].kind: ...".
+        """
+        if not jobs:
+            raise InvalidArgument("jobs: at least one job is required")
+        if len(jobs) > ENQUEUE_MANY_MAX:
+            raise InvalidArgument(f"jobs: {len(jobs)} jobs, over the limit of {ENQUEUE_MANY_MAX} per call")
+        prepared = []
+        for i, job in enumerate(jobs):
+            try:
+                p = self._job(job)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"jobs[{i}].{e.message}") from None
+            for key in ("deadline", "scheduled_at"):
+                if p[key] is not None:
+                    p[key] = p[key].isoformat()
+            prepared.append(p)
+        rows = await self._all("jobs_enqueue", jobs=Jsonb(prepared))
+        return [(str(r["run_id"]), str(r["step_id"]), r["created"]) for r in rows]
+
+    def _job(self, job: Job) -> dict[str, Any]:
+        """Validate a job; the parameters of cyclone_job_enqueue for it."""
+        try:
+            node = definitions.normalize_job(job.kind, job.options)
+        except InvalidArgument as e:
+            # The job's options are validated as its one node: name the request's field,
+            # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'.
+            message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
+            raise InvalidArgument(message) from None
+        check_payload(job.input, "input", self.max_payload_bytes)
+        fp = job.request_fingerprint if job.request_fingerprint is not None else (
+            job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
+        return {"node": node, "input": job.input, "priority": job.priority,
+                "idempotency_key": job.idempotency_key or None, "request_hash": request_hash("job", fp),
+                "deadline": job.deadline, "scheduled_at": job.scheduled_at}
 
     # -- leases --------------------------------------------------------------------------
 

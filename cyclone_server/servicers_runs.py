@@ -15,7 +15,7 @@ import grpc
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 from . import convert
-from .engine import TERMINAL_RUN_STATES, Engine
+from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
 from .notify import Notifier
 from .servicers import deadline_of, non_negative, plain_text, required, required_id, rpc
@@ -68,26 +68,28 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
     @rpc
     async def Enqueue(self, request: runs_pb2.EnqueueRequest,
                       context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueResponse:
-        required(request.kind, "kind")
-        plain_text(request.idempotency_key, "idempotency_key")
-        deadline = deadline_of(request)
-        input_ = convert.optional_value(request, "input")
-        options: dict[str, Any] = {k: getattr(request, k) for k in _ENQUEUE_OPTIONS if request.HasField(k)}
-        for key in _ENQUEUE_DURATIONS:
-            seconds = convert.duration_seconds(request, key)
-            if seconds is not None:
-                options[key] = seconds
-        scheduled_at = convert.timestamp_dt(request, "scheduled_at")
-        fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
-                       _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
-        try:
-            run_id, step_id, created = await self.engine.enqueue(
-                request.kind, input=input_, priority=request.priority, idempotency_key=request.idempotency_key or None,
-                deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint)
-        except InvalidArgument as e:
-            # The job's options are validated as its one node: name the request's field.
-            raise InvalidArgument(_strip_node_prefix(e.message)) from None
+        job = _job_of(request)
+        run_id, step_id, created = await self.engine.enqueue(
+            job.kind, input=job.input, priority=job.priority, idempotency_key=job.idempotency_key,
+            deadline=job.deadline, scheduled_at=job.scheduled_at, options=job.options,
+            request_fingerprint=job.request_fingerprint)
         return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
+
+    @rpc
+    async def EnqueueMany(self, request: runs_pb2.EnqueueManyRequest,
+                          context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueManyResponse:
+        if len(request.jobs) > ENQUEUE_MANY_MAX:  # before reading any of them
+            raise InvalidArgument(f"jobs: {len(request.jobs)} jobs, over the limit of {ENQUEUE_MANY_MAX} per call")
+        jobs = []
+        for i, r in enumerate(request.jobs):
+            try:
+                jobs.append(_job_of(r))
+            except InvalidArgument as e:
+                raise InvalidArgument(f"jobs[{i}].{e.message}") from None
+        rows = await self.engine.enqueue_many(jobs)
+        return runs_pb2.EnqueueManyResponse(jobs=[
+            runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
+            for run_id, step_id, created in rows])
 
     # -- read ----------------------------------------------------------------------------
 
@@ -208,11 +210,23 @@ def _fingerprint_duration(request: Any, name: str) -> float | None:
     return convert.duration_seconds(request, name)
 
 
-def _strip_node_prefix(message: str) -> str:
-    # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'
-    if message.startswith("nodes[0]"):
-        return message.split(": ", 1)[-1]
-    return message
+def _job_of(request: runs_pb2.EnqueueRequest) -> Job:
+    """An Enqueue request (or one job of EnqueueMany), read and checked as far as the wire goes."""
+    required(request.kind, "kind")
+    plain_text(request.idempotency_key, "idempotency_key")
+    deadline = deadline_of(request)
+    input_ = convert.optional_value(request, "input")
+    options: dict[str, Any] = {k: getattr(request, k) for k in _ENQUEUE_OPTIONS if request.HasField(k)}
+    for key in _ENQUEUE_DURATIONS:
+        seconds = convert.duration_seconds(request, key)
+        if seconds is not None:
+            options[key] = seconds
+    scheduled_at = convert.timestamp_dt(request, "scheduled_at")
+    # The request as given identifies it for the idempotency check (see SubmitRun).
+    fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
+                   _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
+    return Job(request.kind, input=input_, priority=request.priority, idempotency_key=request.idempotency_key or None,
+               deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint)
 
 
 def _filters_hash(states: list[str], workflow: str, after: datetime | None, before: datetime | None) -> str:

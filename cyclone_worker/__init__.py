@@ -15,7 +15,7 @@ Example::
         run_id = await client.submit("hello", {"name": "Ada"})
 """
 
-from ._client import Client
+from ._client import Client, Job
 from ._context import CancelFlag, CompletionTx, Context
 from ._errors import (CycloneClientError, CycloneError, Fenced, HandlerError, Permanent, RetryAfter, RunCancelled,
                       RunFailed, Snooze)
@@ -26,7 +26,7 @@ from ._workflow import CancelBranch, FailRun, Workflow
 __all__ = [
     "Worker", "Reconnect", "Handler", "Context", "CancelFlag", "CompletionTx",
     "Workflow", "CancelBranch", "FailRun",
-    "Client", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "TERMINAL_RUN_STATES",
+    "Client", "Job", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "TERMINAL_RUN_STATES",
     "CycloneError", "HandlerError", "Permanent", "RetryAfter", "Snooze", "Fenced", "CycloneClientError",
     "RunFailed", "RunCancelled",
 ]

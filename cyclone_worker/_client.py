@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -32,6 +33,55 @@ def _deadline_fields(deadline: datetime | Seconds | None) -> dict[str, Any]:
     if isinstance(deadline, datetime):
         return {"deadline": to_timestamp(deadline, "deadline")}
     return {"deadline_in": to_duration(deadline, "deadline")}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One standalone job for `Client.enqueue_many`; the fields are `Client.enqueue`'s arguments.
+
+    `deadline` is a datetime, or seconds / a timedelta from submission; `scheduled_at` a
+    datetime, or seconds / a timedelta from now.
+
+    Example::
+
+        jobs = [Job("resize", {"image": name}, priority=1, max_attempts=5) for name in names]
+        run_ids = await client.enqueue_many(jobs)
+    """
+
+    kind: str
+    input: Any = None
+    priority: int = 0
+    idempotency_key: str | None = None
+    deadline: datetime | Seconds | None = None
+    scheduled_at: datetime | Seconds | None = None
+    max_attempts: int | None = None
+    backoff_initial: Seconds | None = None
+    backoff_max: Seconds | None = None
+    max_reclaims: int | None = None
+    attempt_timeout: Seconds | None = None
+    retention: Seconds | None = None
+
+    def to_proto(self, where: str = "") -> runs_pb2.EnqueueRequest:
+        """The EnqueueRequest for this job; a value that cannot be sent raises TypeError or ValueError
+        naming `where` and the field."""
+        try:
+            req = runs_pb2.EnqueueRequest(kind=self.kind, input=to_value(self.input, "input"), priority=self.priority,
+                                          idempotency_key=self.idempotency_key or "", **_deadline_fields(self.deadline))
+            if self.max_attempts is not None:
+                req.max_attempts = self.max_attempts
+            if self.max_reclaims is not None:
+                req.max_reclaims = self.max_reclaims
+            for name in ("backoff_initial", "backoff_max", "attempt_timeout", "retention"):
+                value = getattr(self, name)
+                if value is not None:
+                    getattr(req, name).CopyFrom(to_duration(value, name))
+            if self.scheduled_at is not None:
+                when = self.scheduled_at if isinstance(self.scheduled_at, datetime) else (
+                    datetime.now(timezone.utc) + timedelta(seconds=seconds_of(self.scheduled_at, "scheduled_at")))
+                req.scheduled_at.CopyFrom(to_timestamp(when, "scheduled_at"))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{where}{e}") from None
+        return req
 
 
 def _run_state(word: str) -> Any:  # a RunState value
@@ -158,21 +208,29 @@ class Client:
 
             run_id = await client.enqueue("send_email", {"to": "ada@example.com"}, max_attempts=5)
         """
-        req = runs_pb2.EnqueueRequest(kind=kind, input=to_value(input, "input"), priority=priority,
-                                      idempotency_key=idempotency_key or "", **_deadline_fields(deadline))
-        if max_attempts is not None:
-            req.max_attempts = max_attempts
-        if max_reclaims is not None:
-            req.max_reclaims = max_reclaims
-        for name, value in (("backoff_initial", backoff_initial), ("backoff_max", backoff_max),
-                            ("attempt_timeout", attempt_timeout), ("retention", retention)):
-            if value is not None:
-                getattr(req, name).CopyFrom(to_duration(value, name))
-        if scheduled_at is not None:
-            when = scheduled_at if isinstance(scheduled_at, datetime) else (
-                datetime.now(timezone.utc) + timedelta(seconds=seconds_of(scheduled_at, "scheduled_at")))
-            req.scheduled_at.CopyFrom(to_timestamp(when, "scheduled_at"))
-        return (await self._call(runs_pb2_grpc.RunsStub, "Enqueue", req)).run_id
+        job = Job(kind, input, priority=priority, idempotency_key=idempotency_key, deadline=deadline,
+                  scheduled_at=scheduled_at, max_attempts=max_attempts, backoff_initial=backoff_initial,
+                  backoff_max=backoff_max, max_reclaims=max_reclaims, attempt_timeout=attempt_timeout,
+                  retention=retention)
+        return (await self._call(runs_pb2_grpc.RunsStub, "Enqueue", job.to_proto())).run_id
+
+    async def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
+        """Start up to 1000 standalone jobs in one call and one transaction (all or none);
+        returns their run ids in the same order.
+
+        A bad job fails the whole call, with an error naming it by index (``jobs[3].kind``).
+
+        Example::
+
+            run_ids = await client.enqueue_many(Job("send_email", {"to": a}) for a in addresses)
+        """
+        jobs = builtins.list(jobs)
+        for i, job in enumerate(jobs):
+            if not isinstance(job, Job):
+                raise TypeError(f"jobs[{i}]: expected a cyclone_worker.Job, got {type(job).__name__}")
+        req = runs_pb2.EnqueueManyRequest(jobs=[job.to_proto(f"jobs[{i}].") for i, job in enumerate(jobs)])
+        resp = await self._call(runs_pb2_grpc.RunsStub, "EnqueueMany", req)
+        return [j.run_id for j in resp.jobs]
 
     # -- reading ---------------------------------------------------------------------------
 

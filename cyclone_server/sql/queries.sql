@@ -25,6 +25,9 @@ SELECT run_id, step_id, created FROM cyclone_job_enqueue(%(node)s, %(input)s, %(
                                                           %(idempotency_key)s, %(request_hash)s,
                                                           %(deadline)s, %(scheduled_at)s);
 
+-- name: jobs_enqueue
+SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s) ORDER BY idx;
+
 -- name: steps_claim
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 

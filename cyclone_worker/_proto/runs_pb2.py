@@ -28,7 +28,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63yclone/v1/runs.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"4\n\x11SubmitRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x9e\x04\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_reclaims\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x32\n\x0f\x61ttempt_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tretention\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x0cscheduled_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0f\n\r_max_attemptsB\x0f\n\r_max_reclaims\"C\n\x0f\x45nqueueResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xea\x01\n\x0fListRunsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.cyclone.v1.RunState\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x15\n\rinclude_steps\x18\x07 \x01(\x08\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"L\n\x0eWaitRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x0fWaitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"!\n\x0fPauseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x8e\x01\n\x10RetryStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x11RunActionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"V\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"@\n\x0eSignalResponse\x12\x11\n\tsignal_id\x18\x01 \x01(\t\x12\x1b\n\x13\x63onsumed_by_step_id\x18\x02 \x01(\t\"X\n\x18PurgeTerminalRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05limit\x18\x02 \x01(\x05\",\n\x19PurgeTerminalRunsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x32\xe6\x06\n\x04Runs\x12H\n\tSubmitRun\x12\x1c.cyclone.v1.SubmitRunRequest\x1a\x1d.cyclone.v1.SubmitRunResponse\x12\x42\n\x07\x45nqueue\x12\x1a.cyclone.v1.EnqueueRequest\x1a\x1b.cyclone.v1.EnqueueResponse\x12\x34\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x0f.cyclone.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12\x42\n\x07WaitRun\x12\x1a.cyclone.v1.WaitRunRequest\x1a\x1b.cyclone.v1.WaitRunResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08PauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tRetryStep\x12\x1c.cyclone.v1.RetryStepRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12?\n\x06Signal\x12\x19.cyclone.v1.SignalRequest\x1a\x1a.cyclone.v1.SignalResponse\x12`\n\x11PurgeTerminalRuns\x12$.cyclone.v1.PurgeTerminalRunsRequest\x1a%.cyclone.v1.PurgeTerminalRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63yclone/v1/runs.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"4\n\x11SubmitRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x9e\x04\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_reclaims\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x32\n\x0f\x61ttempt_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tretention\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x0cscheduled_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0f\n\r_max_attemptsB\x0f\n\r_max_reclaims\"C\n\x0f\x45nqueueResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\">\n\x12\x45nqueueManyRequest\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.cyclone.v1.EnqueueRequest\"@\n\x13\x45nqueueManyResponse\x12)\n\x04jobs\x18\x01 \x03(\x0b\x32\x1b.cyclone.v1.EnqueueResponse\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xea\x01\n\x0fListRunsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.cyclone.v1.RunState\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x15\n\rinclude_steps\x18\x07 \x01(\x08\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"L\n\x0eWaitRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x0fWaitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"!\n\x0fPauseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x8e\x01\n\x10RetryStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x11RunActionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"V\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"@\n\x0eSignalResponse\x12\x11\n\tsignal_id\x18\x01 \x01(\t\x12\x1b\n\x13\x63onsumed_by_step_id\x18\x02 \x01(\t\"X\n\x18PurgeTerminalRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05limit\x18\x02 \x01(\x05\",\n\x19PurgeTerminalRunsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x32\xb6\x07\n\x04Runs\x12H\n\tSubmitRun\x12\x1c.cyclone.v1.SubmitRunRequest\x1a\x1d.cyclone.v1.SubmitRunResponse\x12\x42\n\x07\x45nqueue\x12\x1a.cyclone.v1.EnqueueRequest\x1a\x1b.cyclone.v1.EnqueueResponse\x12N\n\x0b\x45nqueueMany\x12\x1e.cyclone.v1.EnqueueManyRequest\x1a\x1f.cyclone.v1.EnqueueManyResponse\x12\x34\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x0f.cyclone.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12\x42\n\x07WaitRun\x12\x1a.cyclone.v1.WaitRunRequest\x1a\x1b.cyclone.v1.WaitRunResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08PauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tRetryStep\x12\x1c.cyclone.v1.RetryStepRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12?\n\x06Signal\x12\x19.cyclone.v1.SignalRequest\x1a\x1a.cyclone.v1.SignalResponse\x12`\n\x11PurgeTerminalRuns\x12$.cyclone.v1.PurgeTerminalRunsRequest\x1a%.cyclone.v1.PurgeTerminalRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,36 +43,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENQUEUEREQUEST']._serialized_end=985
   _globals['_ENQUEUERESPONSE']._serialized_start=987
   _globals['_ENQUEUERESPONSE']._serialized_end=1054
-  _globals['_GETRUNREQUEST']._serialized_start=1056
-  _globals['_GETRUNREQUEST']._serialized_end=1087
-  _globals['_LISTRUNSREQUEST']._serialized_start=1090
-  _globals['_LISTRUNSREQUEST']._serialized_end=1324
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1326
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1400
-  _globals['_WAITRUNREQUEST']._serialized_start=1402
-  _globals['_WAITRUNREQUEST']._serialized_end=1478
-  _globals['_WAITRUNRESPONSE']._serialized_start=1480
-  _globals['_WAITRUNRESPONSE']._serialized_end=1546
-  _globals['_CANCELRUNREQUEST']._serialized_start=1548
-  _globals['_CANCELRUNREQUEST']._serialized_end=1582
-  _globals['_PAUSERUNREQUEST']._serialized_start=1584
-  _globals['_PAUSERUNREQUEST']._serialized_end=1617
-  _globals['_RESUMERUNREQUEST']._serialized_start=1619
-  _globals['_RESUMERUNREQUEST']._serialized_end=1653
-  _globals['_RETRYSTEPREQUEST']._serialized_start=1656
-  _globals['_RETRYSTEPREQUEST']._serialized_end=1798
-  _globals['_RETRYALLREQUEST']._serialized_start=1800
-  _globals['_RETRYALLREQUEST']._serialized_end=1927
-  _globals['_RUNACTIONRESPONSE']._serialized_start=1929
-  _globals['_RUNACTIONRESPONSE']._serialized_end=1995
-  _globals['_SIGNALREQUEST']._serialized_start=1997
-  _globals['_SIGNALREQUEST']._serialized_end=2083
-  _globals['_SIGNALRESPONSE']._serialized_start=2085
-  _globals['_SIGNALRESPONSE']._serialized_end=2149
-  _globals['_PURGETERMINALRUNSREQUEST']._serialized_start=2151
-  _globals['_PURGETERMINALRUNSREQUEST']._serialized_end=2239
-  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_start=2241
-  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_end=2285
-  _globals['_RUNS']._serialized_start=2288
-  _globals['_RUNS']._serialized_end=3158
+  _globals['_ENQUEUEMANYREQUEST']._serialized_start=1056
+  _globals['_ENQUEUEMANYREQUEST']._serialized_end=1118
+  _globals['_ENQUEUEMANYRESPONSE']._serialized_start=1120
+  _globals['_ENQUEUEMANYRESPONSE']._serialized_end=1184
+  _globals['_GETRUNREQUEST']._serialized_start=1186
+  _globals['_GETRUNREQUEST']._serialized_end=1217
+  _globals['_LISTRUNSREQUEST']._serialized_start=1220
+  _globals['_LISTRUNSREQUEST']._serialized_end=1454
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1456
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1530
+  _globals['_WAITRUNREQUEST']._serialized_start=1532
+  _globals['_WAITRUNREQUEST']._serialized_end=1608
+  _globals['_WAITRUNRESPONSE']._serialized_start=1610
+  _globals['_WAITRUNRESPONSE']._serialized_end=1676
+  _globals['_CANCELRUNREQUEST']._serialized_start=1678
+  _globals['_CANCELRUNREQUEST']._serialized_end=1712
+  _globals['_PAUSERUNREQUEST']._serialized_start=1714
+  _globals['_PAUSERUNREQUEST']._serialized_end=1747
+  _globals['_RESUMERUNREQUEST']._serialized_start=1749
+  _globals['_RESUMERUNREQUEST']._serialized_end=1783
+  _globals['_RETRYSTEPREQUEST']._serialized_start=1786
+  _globals['_RETRYSTEPREQUEST']._serialized_end=1928
+  _globals['_RETRYALLREQUEST']._serialized_start=1930
+  _globals['_RETRYALLREQUEST']._serialized_end=2057
+  _globals['_RUNACTIONRESPONSE']._serialized_start=2059
+  _globals['_RUNACTIONRESPONSE']._serialized_end=2125
+  _globals['_SIGNALREQUEST']._serialized_start=2127
+  _globals['_SIGNALREQUEST']._serialized_end=2213
+  _globals['_SIGNALRESPONSE']._serialized_start=2215
+  _globals['_SIGNALRESPONSE']._serialized_end=2279
+  _globals['_PURGETERMINALRUNSREQUEST']._serialized_start=2281
+  _globals['_PURGETERMINALRUNSREQUEST']._serialized_end=2369
+  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_start=2371
+  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_end=2415
+  _globals['_RUNS']._serialized_start=2418
+  _globals['_RUNS']._serialized_end=3368
 # @@protoc_insertion_point(module_scope)

@@ -78,6 +78,18 @@ class EnqueueResponse(_message.Message):
     created: bool
     def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class EnqueueManyRequest(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[EnqueueRequest]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[EnqueueRequest, _Mapping]]] = ...) -> None: ...
+
+class EnqueueManyResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[EnqueueResponse]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[EnqueueResponse, _Mapping]]] = ...) -> None: ...
+
 class GetRunRequest(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]

@@ -47,6 +47,11 @@ class RunsStub:
                 request_serializer=cyclone_dot_v1_dot_runs__pb2.EnqueueRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_runs__pb2.EnqueueResponse.FromString,
                 _registered_method=True)
+        self.EnqueueMany = channel.unary_unary(
+                '/cyclone.v1.Runs/EnqueueMany',
+                request_serializer=cyclone_dot_v1_dot_runs__pb2.EnqueueManyRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_runs__pb2.EnqueueManyResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/cyclone.v1.Runs/GetRun',
                 request_serializer=cyclone_dot_v1_dot_runs__pb2.GetRunRequest.SerializeToString,
@@ -128,6 +133,23 @@ class RunsServicer:
 
         Errors: as SubmitRun (INVALID_ARGUMENT for an empty kind or a bad option value;
         ALREADY_EXISTS for a conflicting idempotency key); never NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnqueueMany(self, request, context):
+        """Starts many standalone jobs in one transaction: all of them or none. Each entry
+        means what it means to Enqueue, and the response lists the jobs in request order.
+        For services that submit jobs in volume: one call and one commit for up to 1000
+        jobs. Jobs in one call that share an idempotency key behave as Enqueue calls made
+        one after the other, in request order.
+
+        Errors: INVALID_ARGUMENT for no jobs, more than 1000, or a job that Enqueue would
+        refuse, named by its index ("jobs[3].kind: ..."); ALREADY_EXISTS for a job whose
+        idempotency key belongs to a run made by a different request. Nothing is written
+        when the call fails. The whole request must fit the server's message limit
+        (RESOURCE_EXHAUSTED otherwise).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -283,6 +305,11 @@ def add_RunsServicer_to_server(servicer, server):
                     request_deserializer=cyclone_dot_v1_dot_runs__pb2.EnqueueRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_runs__pb2.EnqueueResponse.SerializeToString,
             ),
+            'EnqueueMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnqueueMany,
+                    request_deserializer=cyclone_dot_v1_dot_runs__pb2.EnqueueManyRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_runs__pb2.EnqueueManyResponse.SerializeToString,
+            ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
                     request_deserializer=cyclone_dot_v1_dot_runs__pb2.GetRunRequest.FromString,
@@ -390,6 +417,33 @@ class Runs:
             '/cyclone.v1.Runs/Enqueue',
             cyclone_dot_v1_dot_runs__pb2.EnqueueRequest.SerializeToString,
             cyclone_dot_v1_dot_runs__pb2.EnqueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnqueueMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.Runs/EnqueueMany',
+            cyclone_dot_v1_dot_runs__pb2.EnqueueManyRequest.SerializeToString,
+            cyclone_dot_v1_dot_runs__pb2.EnqueueManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

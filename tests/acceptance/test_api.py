@@ -144,6 +144,30 @@ async def test_enqueue_standalone_job(runs: runs_pb2_grpc.RunsStub) -> None:
     assert abs(step.scheduled_at.ToDatetime(tzinfo=timezone.utc) - later) < timedelta(seconds=1)
 
 
+async def test_enqueue_many_starts_every_job_in_request_order(runs: runs_pb2_grpc.RunsStub) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    E = runs_pb2.EnqueueRequest
+    jobs = [E(kind="email", input=py_to_value({"to": "a@b"}), priority=-1, max_attempts=4),
+            E(kind="resize", input=py_to_value([1, 2]), scheduled_at=to_timestamp(later), deadline_in=secs(600)),
+            E(kind="mail", idempotency_key="k9"),
+            E(kind="mail", idempotency_key="k9")]
+    resp = await runs.EnqueueMany(runs_pb2.EnqueueManyRequest(jobs=jobs))
+    assert [j.created for j in resp.jobs] == [True, True, True, False]
+    assert resp.jobs[2].run_id == resp.jobs[3].run_id and resp.jobs[2].step_id == resp.jobs[3].step_id
+    for request, made in zip(jobs, resp.jobs):
+        run = await get(runs, made.run_id)
+        [step] = run.steps
+        assert run.state == S.RUN_STATE_RUNNING and step.id == made.step_id and step.kind == request.kind
+        assert value_to_py(run.input) == value_to_py(request.input) and step.priority == request.priority
+    email, resize = (await get(runs, resp.jobs[0].run_id)).steps[0], await get(runs, resp.jobs[1].run_id)
+    assert email.max_attempts == 4 and email.state == S.STEP_STATE_AVAILABLE
+    assert abs(resize.steps[0].scheduled_at.ToDatetime(tzinfo=timezone.utc) - later) < timedelta(seconds=1)
+    assert resize.HasField("deadline")
+    # The same request as a single Enqueue finds the run the batch made.
+    again = await runs.Enqueue(jobs[2])
+    assert again.run_id == resp.jobs[2].run_id and not again.created
+
+
 async def test_list_runs_filters_and_pages(wf: workflows_pb2_grpc.WorkflowsStub, runs: runs_pb2_grpc.RunsStub) -> None:
     await register(wf, "w", types_pb2.Node(id="a"))
     await register(wf, "v", types_pb2.Node(id="a"))

@@ -32,8 +32,8 @@ SERVICES = ((runs_pb2, runs_pb2_grpc, "Runs"), (workflows_pb2, workflows_pb2_grp
             (admin_pb2, admin_pb2_grpc, "Admin"))
 
 # Written out here rather than read from auth.METHOD_ROLES, so the test states the policy.
-SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/GetRun", "Runs/ListRuns", "Runs/WaitRun", "Runs/Signal",
-               "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows"]
+SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/EnqueueMany", "Runs/GetRun", "Runs/ListRuns", "Runs/WaitRun",
+               "Runs/Signal", "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows"]
 ADMIN_RPCS = ["Runs/CancelRun", "Runs/PauseRun", "Runs/ResumeRun", "Runs/RetryStep", "Runs/RetryAll",
               "Runs/PurgeTerminalRuns", "Admin/GetStats"]
 

@@ -120,9 +120,12 @@ async def test_submit_run_bad_input(wf: workflows_pb2_grpc.WorkflowsStub, runs: 
     assert await count(conn, "cyclone_runs") == 0
 
 
-async def test_enqueue_bad_input(runs: runs_pb2_grpc.RunsStub, conn: psycopg.AsyncConnection) -> None:
-    E = runs_pb2.EnqueueRequest
-    cases: list[tuple[runs_pb2.EnqueueRequest, tuple[str, ...]]] = [
+E = runs_pb2.EnqueueRequest
+
+
+def bad_jobs() -> list[tuple[runs_pb2.EnqueueRequest, tuple[str, ...]]]:
+    """Enqueue requests that must be refused, and the words of each refusal."""
+    return [
         (E(), ("kind: required",)),
         (E(kind="no spaces"), ("kind",)),
         (E(kind="k", max_attempts=0), ("max_attempts",)),
@@ -136,10 +139,34 @@ async def test_enqueue_bad_input(runs: runs_pb2_grpc.RunsStub, conn: psycopg.Asy
         (E(kind="k", input=py_to_value(["\x00"])), ("input", "U+0000")),
         (E(kind="k", idempotency_key="\x00"), ("idempotency_key", "U+0000")),
     ]
-    for request, words in cases:
+
+
+async def test_enqueue_bad_input(runs: runs_pb2_grpc.RunsStub, conn: psycopg.AsyncConnection) -> None:
+    for request, words in bad_jobs():
         message = await expect(runs.Enqueue(request), INVALID, *words)
         assert "nodes[0]" not in message
     assert await count(conn, "cyclone_runs") == 0
+
+
+async def test_enqueue_many_bad_input_names_the_job_and_writes_nothing(runs: runs_pb2_grpc.RunsStub,
+                                                                       conn: psycopg.AsyncConnection) -> None:
+    M = runs_pb2.EnqueueManyRequest
+    good = E(kind="ok", input=py_to_value({"n": 1}))
+    for request, words in bad_jobs():
+        message = await expect(runs.EnqueueMany(M(jobs=[good, good, request, good])), INVALID, *words)
+        assert message.startswith("jobs[2].") and "nodes[0]" not in message
+    await expect(runs.EnqueueMany(M()), INVALID, "jobs", "at least one")
+    await expect(runs.EnqueueMany(M(jobs=[good] * 1001)), INVALID, "jobs", "1001", "1000")
+    assert await count(conn, "cyclone_runs") == 0
+
+    # Refused by the database after earlier jobs of the call were inserted: still nothing.
+    await runs.Enqueue(E(kind="mail", idempotency_key="taken"))
+    conflict = E(kind="mail", input=py_to_value(2), idempotency_key="taken")
+    await expect(runs.EnqueueMany(M(jobs=[good, good, conflict])), grpc.StatusCode.ALREADY_EXISTS,
+                 "jobs[2]", "idempotency_key", "taken")
+    twice = [E(kind="a", idempotency_key="k"), E(kind="a", input=py_to_value(1), idempotency_key="k")]
+    await expect(runs.EnqueueMany(M(jobs=twice)), grpc.StatusCode.ALREADY_EXISTS, "jobs[1]", "idempotency_key")
+    assert await count(conn, "cyclone_runs") == 1 and await count(conn, "cyclone_steps") == 1
 
 
 async def test_run_id_checks_on_every_run_rpc(runs: runs_pb2_grpc.RunsStub) -> None:

@@ -27,7 +27,7 @@ def test_list_and_describe_services(server: Any) -> None:
                  "grpc.health.v1.Health"):
         assert name in services
     runs = grpcurl(server.address, "describe", "cyclone.v1.Runs")
-    for rpc in ("SubmitRun", "Enqueue", "GetRun", "ListRuns", "WaitRun", "CancelRun", "PauseRun", "ResumeRun",
+    for rpc in ("SubmitRun", "Enqueue", "EnqueueMany", "GetRun", "ListRuns", "WaitRun", "CancelRun", "PauseRun", "ResumeRun",
                 "RetryStep", "RetryAll", "Signal", "PurgeTerminalRuns"):
         assert f"rpc {rpc}" in runs
     assert "waiting_child" in grpcurl(server.address, "describe", "cyclone.v1.StepState").lower()

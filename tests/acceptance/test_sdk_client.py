@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cyclone_worker import (Client, Context, CycloneClientError, Permanent, RunCancelled, RunFailed, Worker,
+from cyclone_worker import (Client, Context, CycloneClientError, Job, Permanent, RunCancelled, RunFailed, Worker,
                             Workflow)
 
 DEADLINE = 60.0
@@ -137,6 +137,31 @@ async def test_retry_and_retry_all_reopen_discarded_nodes(server: Any, client: C
     with pytest.raises(CycloneClientError) as e:
         await client.retry(both, "a")
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+async def test_enqueue_many_runs_every_job_and_names_a_bad_one(server: Any, client: Client) -> None:
+    worker = Worker(server.address, slots=8)
+
+    @worker.handler("double")
+    async def double(ctx: Context) -> int:
+        return ctx.input * 2
+
+    jobs = [Job("double", i, priority=i % 2, max_attempts=3, attempt_timeout=30) for i in range(50)]
+    async with worker:
+        run_ids = await client.enqueue_many(iter(jobs))
+        assert len(set(run_ids)) == 50
+        results = [await client.result(r, timeout=DEADLINE) for r in run_ids]
+    assert results == [{"double": 2 * i} for i in range(50)]
+    assert (await client.get(run_ids[7])).steps[0].max_attempts == 3
+
+    with pytest.raises(ValueError, match=r"jobs\[1\]\.input"):
+        await client.enqueue_many([Job("x"), Job("x", float("nan"))])
+    with pytest.raises(TypeError, match=r"jobs\[0\]"):
+        await client.enqueue_many([{"kind": "x"}])  # type: ignore[list-item]
+    with pytest.raises(CycloneClientError) as e:
+        await client.enqueue_many([Job("x"), Job("x", max_attempts=0)])
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "jobs[1].max_attempts" in e.value.message
+    assert len(await client.list(limit=1000)) == 50  # the refused calls wrote nothing
 
 
 async def test_purge_deletes_terminal_runs(client: Client) -> None:

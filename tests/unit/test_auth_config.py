@@ -72,6 +72,7 @@ def test_every_rpc_of_the_contract_has_an_explicit_role() -> None:
     ("/cyclone.v1.Workers/Connect", {"worker"}),
     ("/cyclone.v1.Runs/SubmitRun", {"submit", "admin"}),
     ("/cyclone.v1.Runs/Enqueue", {"submit", "admin"}),
+    ("/cyclone.v1.Runs/EnqueueMany", {"submit", "admin"}),
     ("/cyclone.v1.Runs/WaitRun", {"submit", "admin"}),
     ("/cyclone.v1.Runs/Signal", {"submit", "admin"}),
     ("/cyclone.v1.Workflows/RegisterWorkflow", {"submit", "admin"}),

@@ -24,6 +24,7 @@ SERVICES = {
     "Runs": {
         "SubmitRun",
         "Enqueue",
+        "EnqueueMany",  # added to DECISIONS' list: one call and one commit for many jobs
         "GetRun",
         "ListRuns",
         "WaitRun",

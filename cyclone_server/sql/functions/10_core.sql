@@ -240,7 +240,12 @@ END $$;
 DROP FUNCTION IF EXISTS cyclone__promote(uuid, uuid);
 CREATE OR REPLACE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL,
                                             p_skip_children boolean DEFAULT false)
-RETURNS integer LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql
+-- Its statements are cached as generic plans. One planned while cyclone_step_deps was
+-- still empty would scan that table on every completion until the next ANALYZE; every
+-- lookup here has an index, so scans are never the right plan.
+SET enable_seqscan = off
+AS $$
 DECLARE
     sid uuid;
     ids uuid[];

@@ -103,3 +103,35 @@ BEGIN
                                             p_scheduled_at);
     RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
 END $$;
+
+-- EnqueueMany: standalone jobs in one transaction, in array order, all or none. Each
+-- element of p_jobs is {node, input, priority, idempotency_key, request_hash, deadline,
+-- scheduled_at} as cyclone_job_enqueue takes them. An error names the job by its index
+-- ("jobs[3]: ...") and keeps its SQLSTATE.
+CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue(p_jobs jsonb)
+RETURNS TABLE (idx integer, run_id uuid, step_id uuid, created boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    j record;
+    b record;
+    cur integer;
+    msg text;
+    code text;
+BEGIN
+    BEGIN
+        FOR j IN SELECT (t.ord - 1)::integer AS i, t.e
+                   FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
+                  ORDER BY t.ord LOOP
+            cur := j.i;
+            SELECT * INTO b FROM cyclone__run_begin(
+                NULL, NULL, jsonb_build_array(j.e -> 'node'), j.e -> 'input',
+                COALESCE((j.e ->> 'priority')::integer, 0), j.e ->> 'idempotency_key',
+                j.e ->> 'request_hash', (j.e ->> 'deadline')::timestamptz,
+                (j.e ->> 'scheduled_at')::timestamptz);
+            RETURN QUERY SELECT j.i, b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
+        RAISE EXCEPTION 'jobs[%]: %', cur, msg USING ERRCODE = code;
+    END;
+END $$;

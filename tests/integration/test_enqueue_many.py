@@ -1,0 +1,104 @@
+"""Engine.enqueue_many (Runs.EnqueueMany): jobs made exactly as Enqueue makes them, in one
+transaction, all or none."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from engine_helpers import fetch, snapshot, violations
+
+from cyclone_server.engine import ENQUEUE_MANY_MAX, Engine, Job
+from cyclone_server.errors import AlreadyExists, InvalidArgument
+
+pytestmark = pytest.mark.statemachine
+
+# Columns that differ between two otherwise identical jobs made at different moments.
+VOLATILE = {"id", "run_id", "created_at", "updated_at", "scheduled_at", "deadline_at"}
+
+
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in VOLATILE}
+
+
+async def job_rows(conn, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    [run] = await fetch(conn, "SELECT * FROM cyclone_runs WHERE id = %s", run_id)
+    [step] = await fetch(conn, "SELECT * FROM cyclone_steps WHERE run_id = %s", run_id)
+    return run, step
+
+
+async def test_jobs_are_made_as_enqueue_makes_them_in_request_order(engine: Engine, conn) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    jobs = [
+        Job("email", input={"to": "a@b"}, priority=-1, options={"max_attempts": 4, "backoff_initial": 2.0}),
+        Job("resize", input=[1, 2, 3], deadline=later, options={"retention": 60.0, "attempt_timeout": 5.0}),
+        Job("report", scheduled_at=later, options={"max_reclaims": 0, "backoff_max": 30.0}),
+        Job("plain"),
+    ]
+    made = await engine.enqueue_many(jobs)
+    assert len(made) == len(jobs) and all(created for _, _, created in made)
+    assert len({run_id for run_id, _, _ in made}) == len(jobs)
+
+    for job, (run_id, step_id, _) in zip(jobs, made):
+        one_run, one_step, _ = await engine.enqueue(job.kind, input=job.input, priority=job.priority,
+                                                    deadline=job.deadline, scheduled_at=job.scheduled_at,
+                                                    options=job.options)
+        many = await job_rows(conn, run_id)
+        single = await job_rows(conn, one_run)
+        assert str(many[1]["id"]) == step_id and many[1]["kind"] == job.kind
+        assert comparable(many[0]) == comparable(single[0])
+        assert comparable(many[1]) == comparable(single[1])
+        assert many[0]["deadline_at"] == single[0]["deadline_at"]
+        if job.scheduled_at is not None:
+            assert many[1]["scheduled_at"] == single[1]["scheduled_at"] == job.scheduled_at
+    assert await violations(conn) == {}
+
+
+async def test_a_repeated_idempotency_key_in_one_call_acts_as_calls_in_order(engine: Engine, conn) -> None:
+    same = Job("mail", input={"to": "x"}, idempotency_key="k1")
+    (r1, s1, c1), (r2, s2, c2), (r3, _, c3) = await engine.enqueue_many([same, same, Job("other")])
+    assert c1 and not c2 and c3 and (r1, s1) == (r2, s2) and r3 != r1
+    # A later call, and a single Enqueue, see the same run.
+    [(r4, _, c4)] = await engine.enqueue_many([same])
+    assert r4 == r1 and not c4
+    assert (await engine.enqueue("mail", input={"to": "x"}, idempotency_key="k1"))[0] == r1
+    assert len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 2
+
+
+async def test_a_bad_job_writes_nothing_and_is_named_by_index(engine: Engine, conn) -> None:
+    await engine.enqueue("mail", input={"to": "x"}, idempotency_key="taken")
+    before = await snapshot(conn)
+    good = Job("ok")
+
+    with pytest.raises(AlreadyExists) as e:  # the database refuses jobs[2], after jobs[0..1] were inserted
+        await engine.enqueue_many([good, good, Job("mail", input={"to": "y"}, idempotency_key="taken"), good])
+    assert e.value.message.startswith("jobs[2]: ") and "taken" in e.value.message
+    with pytest.raises(AlreadyExists) as e:  # a conflict inside the call
+        await engine.enqueue_many([Job("a", idempotency_key="k"), Job("a", input=1, idempotency_key="k")])
+    assert e.value.message.startswith("jobs[1]: ")
+
+    for bad, words in [
+        (Job("ok", options={"max_attempts": 0}), ("jobs[1].max_attempts",)),
+        (Job("no spaces"), ("jobs[1].kind",)),
+        (Job("ok", input=["y" * 1000] * 1100), ("jobs[1].input", "limit")),
+    ]:
+        with pytest.raises(InvalidArgument) as e:
+            await engine.enqueue_many([good, bad, good])
+        assert all(w in e.value.message for w in words), e.value.message
+        assert "nodes[0]" not in e.value.message
+
+    with pytest.raises(InvalidArgument, match="jobs: at least one"):
+        await engine.enqueue_many([])
+    with pytest.raises(InvalidArgument, match=f"over the limit of {ENQUEUE_MANY_MAX}"):
+        await engine.enqueue_many([good] * (ENQUEUE_MANY_MAX + 1))
+    assert await snapshot(conn) == before
+
+
+async def test_a_full_call_of_jobs_is_claimable_in_priority_then_fifo_order(engine: Engine) -> None:
+    jobs = [Job("k", input=i, priority=i % 3) for i in range(ENQUEUE_MANY_MAX)]
+    made = await engine.enqueue_many(jobs)
+    claimed = await engine.claim("w", ["k"], ENQUEUE_MANY_MAX, 30)
+    order = {step_id: i for i, (_, step_id, _) in enumerate(made)}
+    got = [(jobs[order[str(c["step_id"])]].priority, order[str(c["step_id"])]) for c in claimed]
+    assert len(got) == ENQUEUE_MANY_MAX and got == sorted(got)
