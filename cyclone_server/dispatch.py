@@ -224,17 +224,24 @@ class Dispatcher:
 
 
 class ResultCommitter:
-    """Group commit: results from all streams, applied with one Engine.apply_results per batch."""
+    """Group commit: results from all streams, applied with one Engine.apply_results per batch.
+
+    Up to `parallel` batches are applied at once, each in its own transaction, so that one
+    batch's commit (its fsync) and another's work in Postgres overlap. While every slot is
+    busy, new results queue up and go together in the next batch.
+    """
 
     def __init__(self, engine: Engine, *, stats: dict[str, Any], on_applied: Callable[[], None],
-                 window: float = 0.005, max_batch: int = 200) -> None:
+                 window: float = 0.005, max_batch: int = 200, parallel: int = 2) -> None:
         self.engine = engine
         self.stats = stats
         self.on_applied = on_applied
         self.window = window
         self.max_batch = max_batch
         self._queue: asyncio.Queue[tuple[WorkerConn, Result, str]] = asyncio.Queue()
-        self._busy = False
+        self._slots = asyncio.Semaphore(parallel)
+        self._gathering = False
+        self._flushing: set[asyncio.Task[None]] = set()
 
     def submit(self, conn: WorkerConn, result: Result, wire_step_id: str) -> None:
         """Queue a result; its ack echoes `wire_step_id`, the step id as the worker wrote it."""
@@ -246,35 +253,56 @@ class ResultCommitter:
 
     def idle(self) -> bool:
         """True when no result waits to be applied or acked."""
-        return self._queue.empty() and not self._busy
+        return self._queue.empty() and not self._gathering and not self._flushing
 
     async def run(self) -> None:
-        while True:
-            batch = [await self._queue.get()]
-            self._busy = True
-            deadline = time.monotonic() + self.window
-            while len(batch) < self.max_batch:
+        try:
+            while True:
+                await self._slots.acquire()
                 try:
-                    batch.append(self._queue.get_nowait())
-                    continue
-                except asyncio.QueueEmpty:
-                    pass
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), left))
-                except asyncio.TimeoutError:
-                    break
+                    batch = await self._gather()
+                except BaseException:
+                    self._slots.release()
+                    raise
+                task = asyncio.create_task(self._flush(batch), name="cyclone-results-batch")
+                self._flushing.add(task)
+                task.add_done_callback(self._flushing.discard)
+                self._gathering = False
+        finally:
+            for task in self._flushing:
+                task.cancel()
+            await asyncio.gather(*self._flushing, return_exceptions=True)
+
+    async def _gather(self) -> list[tuple[WorkerConn, Result, str]]:
+        """The next batch: what is queued, and what arrives within `window` of the first."""
+        batch = [await self._queue.get()]
+        self._gathering = True
+        deadline = time.monotonic() + self.window
+        while len(batch) < self.max_batch:
             try:
-                statuses = await self._statuses([r for _, r, _ in batch])
-                self._acknowledge(batch, statuses)
-            except Exception:  # a bug, not a database outage: let the workers reconnect and resend
-                log.exception("applying %d results failed", len(batch))
-                for conn, _, _ in batch:
-                    conn.end(grpc.StatusCode.UNAVAILABLE, "the server could not apply results; reconnect and resend")
-            finally:
-                self._busy = False
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), left))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    async def _flush(self, batch: list[tuple[WorkerConn, Result, str]]) -> None:
+        try:
+            statuses = await self._statuses([r for _, r, _ in batch])
+            self._acknowledge(batch, statuses)
+        except Exception:  # a bug, not a database outage: let the workers reconnect and resend
+            log.exception("applying %d results failed", len(batch))
+            for conn, _, _ in batch:
+                conn.end(grpc.StatusCode.UNAVAILABLE, "the server could not apply results; reconnect and resend")
+        finally:
+            self._slots.release()
 
     async def _statuses(self, results: list[Result]) -> list[tuple[str, str | None]]:
         """(SQL status, detail or None) per result, in order."""

@@ -259,9 +259,15 @@ BEGIN
     -- UNION ALL either: its custom plan (one branch pruned) always looks cheaper than the
     -- generic one, so Postgres would plan it again on every completion.
     IF p_after IS NOT NULL THEN
+        -- The dependents first, on their own: joined in one statement, the generic plan
+        -- may start from the run's pending steps instead (which grows with the queue).
+        SELECT array_agg(a.step_id) INTO ids FROM cyclone_step_deps a WHERE a.dep_id = p_after;
+        IF ids IS NULL THEN
+            RETURN 0;
+        END IF;
         SELECT array_agg(s.id ORDER BY s.id) INTO ids
-          FROM cyclone_step_deps a JOIN cyclone_steps s ON s.id = a.step_id
-         WHERE a.dep_id = p_after AND s.state = 'pending'
+          FROM cyclone_steps s
+         WHERE s.id = ANY (ids) AND s.state = 'pending'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed');
     ELSE

@@ -16,7 +16,11 @@ RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer
                max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
                lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
                input jsonb, parents jsonb)
-LANGUAGE sql AS $$
+LANGUAGE sql
+-- Cached generic plans are made from the statistics of the moment; one made while the
+-- tables were small may scan them. Every lookup here has an index (see cyclone__promote).
+SET enable_seqscan = off
+AS $$
     WITH picked AS (
         -- Per kind, so each kind's scan walks cyclone_steps_claim in order; the outer ORDER
         -- BY merges them. Rows locked here and not claimed are released at commit.
@@ -42,8 +46,12 @@ LANGUAGE sql AS $$
     SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
            c.lease_generation, c.lease_expiry, c.attempt_deadline,
            greatest(extract(epoch FROM now() - c.scheduled_at), 0)::double precision, r.input,
+           -- OFFSET 0 keeps the parents a lookup by id each: joined, they could be
+           -- hashed from a scan of cyclone_steps for every claimed step.
            COALESCE((SELECT jsonb_object_agg(p.node, p.output)
-                       FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                       FROM cyclone_step_deps d
+                      CROSS JOIN LATERAL (SELECT p.node, p.output FROM cyclone_steps p
+                                           WHERE p.id = d.dep_id OFFSET 0) p
                       WHERE d.step_id = c.id), '{}'::jsonb)
       FROM claimed c JOIN cyclone_runs r ON r.id = c.run_id
      ORDER BY c.priority, c.scheduled_at, c.id
@@ -208,7 +216,9 @@ END $$;
 -- busy comes back as 'busy' for the caller to apply again on its own.
 CREATE OR REPLACE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
 RETURNS TABLE (step_id uuid, lease_generation bigint, status text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off  -- as cyclone_steps_claim; it holds for the functions it calls
+AS $$
 DECLARE
     x record;
     locked uuid;
