@@ -1,12 +1,14 @@
 """End-to-end throughput and dispatch latency of Cyclone, against raw SQL doing the same row work.
 
-    .venv/bin/python bench/throughput.py [--jobs 5000] [--runs 300] [--workers 2] [--slots 64]
+    .venv/bin/python bench/throughput.py [--jobs 10000] [--runs 1000] [--workers 2] [--slots 64] [--batch 100]
 
 Everything runs on this machine together: an embedded Postgres with durable commits
 (fsync and synchronous_commit on), one `cyclone-server`, Python SDK workers as separate
 processes with no-op handlers, and the load generator. It prints one table:
 
-- standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s;
+- standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s, once with
+  one Enqueue call per job (64 calls in flight) and once with EnqueueMany (--batch jobs
+  per call, 4 calls in flight);
 - DAG runs: SubmitRun of a 10-node workflow (fan-out / fan-in) -> every step done, steps/s;
 - dispatch latency p50 / p99: from the step becoming available (scheduled_at) to its
   handler starting, measured with paced submissions (no backlog);
@@ -198,8 +200,8 @@ async def bench_raw(url: str, jobs: int, connections: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=5000)
-    ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--jobs", type=int, default=10000)
+    ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100, help="jobs per EnqueueMany call")

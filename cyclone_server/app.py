@@ -211,6 +211,8 @@ class CycloneServer:
             await self.background.stop()
         if "server" in self._started and self.server is not None:
             await self.server.stop(grace=1.0)
+        if self.runs is not None:
+            await self.runs.enqueuer.close()  # batches whose callers gave up still finish
         if "notifier" in self._started and self.notifier is not None:
             await self.notifier.stop()
         if self.engine is not None:

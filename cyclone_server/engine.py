@@ -244,12 +244,20 @@ class Engine:
                       options: Mapping[str, Any] | None = None,
                       request_fingerprint: Any = None) -> tuple[str, str, bool]:
         """A standalone job: a one-node run; returns (run_id, step_id, created)."""
-        job = self._job(Job(kind, input=input, priority=priority, idempotency_key=idempotency_key,
-                            deadline=deadline, scheduled_at=scheduled_at, options=options or {},
-                            request_fingerprint=request_fingerprint))
-        row = await self._one("job_enqueue", **{**job, "node": Jsonb(job["node"]), "input": Jsonb(job["input"])})
+        return await self.enqueue_job(Job(kind, input=input, priority=priority, idempotency_key=idempotency_key,
+                                          deadline=deadline, scheduled_at=scheduled_at, options=options or {},
+                                          request_fingerprint=request_fingerprint))
+
+    async def enqueue_job(self, job: Job) -> tuple[str, str, bool]:
+        """`enqueue` with its arguments as a Job."""
+        p = self._job(job)
+        row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"])})
         assert row is not None
         return str(row["run_id"]), str(row["step_id"]), row["created"]
+
+    def check_job(self, job: Job) -> None:
+        """Raise InvalidArgument when `enqueue_job` would refuse the job before reaching the database."""
+        self._job(job)
 
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[str, str, bool]]:
         """Many standalone jobs in one transaction, all or none; (run_id, step_id, created) each, in order.

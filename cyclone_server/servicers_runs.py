@@ -15,6 +15,7 @@ import grpc
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 from . import convert
+from .batching import EnqueueBatcher
 from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
 from .notify import Notifier
@@ -37,6 +38,8 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
     def __init__(self, engine: Engine, notifier: Notifier) -> None:
         self.engine = engine
         self.notifier = notifier
+        # Concurrent Enqueue calls share transactions (see batching.py).
+        self.enqueuer = EnqueueBatcher(engine)
         self._closing = asyncio.Event()
 
     def close(self) -> None:
@@ -68,11 +71,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
     @rpc
     async def Enqueue(self, request: runs_pb2.EnqueueRequest,
                       context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueResponse:
-        job = _job_of(request)
-        run_id, step_id, created = await self.engine.enqueue(
-            job.kind, input=job.input, priority=job.priority, idempotency_key=job.idempotency_key,
-            deadline=job.deadline, scheduled_at=job.scheduled_at, options=job.options,
-            request_fingerprint=job.request_fingerprint)
+        run_id, step_id, created = await self.enqueuer.enqueue(_job_of(request))
         return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
 
     @rpc

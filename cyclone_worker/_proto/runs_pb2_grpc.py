@@ -27,8 +27,8 @@ if _version_not_supported:
 
 
 class RunsStub:
-    """Starts, reads and steers runs. Every action is one Postgres transaction: when the
-    RPC returns OK, its effect is durable.
+    """Starts, reads and steers runs. Every action is one Postgres transaction (concurrent
+    Enqueue calls may share one): when the RPC returns OK, its effect is durable.
     """
 
     def __init__(self, channel):
@@ -105,8 +105,8 @@ class RunsStub:
 
 
 class RunsServicer:
-    """Starts, reads and steers runs. Every action is one Postgres transaction: when the
-    RPC returns OK, its effect is durable.
+    """Starts, reads and steers runs. Every action is one Postgres transaction (concurrent
+    Enqueue calls may share one): when the RPC returns OK, its effect is durable.
     """
 
     def SubmitRun(self, request, context):
@@ -369,8 +369,8 @@ def add_RunsServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Runs:
-    """Starts, reads and steers runs. Every action is one Postgres transaction: when the
-    RPC returns OK, its effect is durable.
+    """Starts, reads and steers runs. Every action is one Postgres transaction (concurrent
+    Enqueue calls may share one): when the RPC returns OK, its effect is durable.
     """
 
     @staticmethod

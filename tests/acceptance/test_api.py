@@ -168,6 +168,21 @@ async def test_enqueue_many_starts_every_job_in_request_order(runs: runs_pb2_grp
     assert again.run_id == resp.jobs[2].run_id and not again.created
 
 
+async def test_concurrent_enqueue_calls_each_get_their_own_job(runs: runs_pb2_grpc.RunsStub) -> None:
+    # The server writes concurrent Enqueue calls together; each answer must still be its own.
+    await runs.Enqueue(runs_pb2.EnqueueRequest(kind="mail", idempotency_key="taken"))
+    requests = [runs_pb2.EnqueueRequest(kind="job", input=py_to_value({"n": i})) for i in range(120)]
+    requests[5] = runs_pb2.EnqueueRequest(kind="mail", input=py_to_value(1), idempotency_key="taken")
+    answers = await asyncio.gather(*(runs.Enqueue(r) for r in requests), return_exceptions=True)
+    assert isinstance(answers[5], grpc.aio.AioRpcError)
+    assert answers[5].code() == grpc.StatusCode.ALREADY_EXISTS and "jobs[" not in (answers[5].details() or "")
+    for i, (request, answer) in enumerate(zip(requests, answers)):
+        if i == 5:
+            continue
+        run = await get(runs, answer.run_id)
+        assert answer.created and value_to_py(run.input) == {"n": i} and run.steps[0].id == answer.step_id
+
+
 async def test_list_runs_filters_and_pages(wf: workflows_pb2_grpc.WorkflowsStub, runs: runs_pb2_grpc.RunsStub) -> None:
     await register(wf, "w", types_pb2.Node(id="a"))
     await register(wf, "v", types_pb2.Node(id="a"))

@@ -1,14 +1,17 @@
 """Engine.enqueue_many (Runs.EnqueueMany): jobs made exactly as Enqueue makes them, in one
-transaction, all or none."""
+transaction, all or none; and EnqueueBatcher, which gives concurrent Enqueue calls shared
+transactions."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from engine_helpers import fetch, snapshot, violations
 
+from cyclone_server.batching import EnqueueBatcher
 from cyclone_server.engine import ENQUEUE_MANY_MAX, Engine, Job
 from cyclone_server.errors import AlreadyExists, InvalidArgument
 
@@ -102,3 +105,33 @@ async def test_a_full_call_of_jobs_is_claimable_in_priority_then_fifo_order(engi
     order = {step_id: i for i, (_, step_id, _) in enumerate(made)}
     got = [(jobs[order[str(c["step_id"])]].priority, order[str(c["step_id"])]) for c in claimed]
     assert len(got) == ENQUEUE_MANY_MAX and got == sorted(got)
+
+
+async def test_concurrent_enqueue_calls_share_transactions_and_each_gets_its_own_answer(engine: Engine,
+                                                                                         conn) -> None:
+    await engine.enqueue("mail", input={"to": "x"}, idempotency_key="taken")
+    batcher = EnqueueBatcher(engine)
+    calls = [Job("k", input={"n": i}) for i in range(300)]
+    calls[17] = Job("mail", input={"to": "y"}, idempotency_key="taken")  # refused: it fails its batch
+    calls[40] = calls[41] = Job("k", input={"n": "same"}, idempotency_key="twice")
+    answers = await asyncio.gather(*(batcher.enqueue(job) for job in calls), return_exceptions=True)
+
+    assert isinstance(answers[17], AlreadyExists) and not answers[17].message.startswith("jobs[")
+    assert answers[40][0] == answers[41][0] and sorted([answers[40][2], answers[41][2]]) == [False, True]
+    for i, job in enumerate(calls):
+        if i in (17, 40, 41):
+            continue
+        run_id, step_id, created = answers[i]
+        [row] = await fetch(conn, "SELECT r.input, s.id FROM cyclone_runs r JOIN cyclone_steps s ON s.run_id = r.id "
+                                  "WHERE r.id = %s", run_id)
+        assert created and row["input"] == job.input and str(row["id"]) == step_id
+    assert len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 1 + 300 - 2
+    with pytest.raises(InvalidArgument, match="max_attempts"):  # refused before it joins a batch
+        await batcher.enqueue(Job("k", options={"max_attempts": 0}))
+
+    # Calls that all succeed share transactions: fewer transactions than jobs wrote them.
+    made = await asyncio.gather(*(batcher.enqueue(Job("shared", input=i)) for i in range(100)))
+    [row] = await fetch(conn, "SELECT count(DISTINCT xmin::text) AS txns, count(*) AS runs FROM cyclone_runs "
+                              "WHERE id = ANY (%s::uuid[])", [run_id for run_id, _, _ in made])
+    assert row["runs"] == 100 and row["txns"] < 100
+    await batcher.close()
