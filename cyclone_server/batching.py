@@ -2,77 +2,153 @@
 
 Each Enqueue call alone costs a transaction and a durable commit. Under load, the calls
 that arrive while a batch is being written wait for the next one, and go in it together
-(no timer: a lone call is written at once). A call still returns only once its own job has
-committed. When the database refuses a batch (one job's idempotency key belongs to a
-different request, say), each of its jobs is written again alone, so every call gets the
-answer it would have had alone.
+(no timer: a lone call is written at once). A call returns only once its own job has
+committed.
+
+When the database refuses one job of a batch (its idempotency key belongs to a different
+request, say), the transaction rolls back and names the job's index: the jobs before it go
+again together, the refused one is written alone, so that its caller gets the answer it
+would have had alone, and the rest go again together. When the database cannot be reached,
+every caller of the batch gets that error: the batch may have committed before the
+connection broke, and writing it again would duplicate jobs without idempotency keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
+import re
 from typing import Any
 
-from .engine import ENQUEUE_MANY_MAX, Engine, Job
+import psycopg
+
+from .engine import ENQUEUE_MANY_MAX, Engine, Job, PreparedJob
+from .errors import CycloneError
+
+log = logging.getLogger("cyclone.batching")
+
+BATCH_INPUT_BYTES = 16 << 20  # inputs per batch (compact JSON), so one batch's parameter stays moderate
+_JOB_INDEX = re.compile(r"^jobs\[(\d+)\]: ")
+
+Waiter = tuple[PreparedJob, "asyncio.Future[tuple[str, str, bool]]"]
 
 
 class EnqueueBatcher:
     """Engine.enqueue_job for many concurrent callers, `parallel` transactions at a time."""
 
-    def __init__(self, engine: Engine, *, parallel: int = 2, max_batch: int = ENQUEUE_MANY_MAX) -> None:
+    def __init__(self, engine: Engine, *, parallel: int = 2, max_batch: int = ENQUEUE_MANY_MAX,
+                 max_batch_bytes: int = BATCH_INPUT_BYTES) -> None:
         self.engine = engine
         self.parallel = parallel
         self.max_batch = max_batch
-        self._waiting: collections.deque[tuple[Job, asyncio.Future[tuple[str, str, bool]]]] = collections.deque()
-        self._writers: set[asyncio.Task[None]] = set()
+        self.max_batch_bytes = max_batch_bytes
+        self._waiting: collections.deque[Waiter] = collections.deque()
+        self._writers = 0  # counted by the writers themselves, so none can end unnoticed
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def enqueue(self, job: Job) -> tuple[str, str, bool]:
         """(run_id, step_id, created) once the job's transaction committed; errors as Engine.enqueue_job.
 
-        The job is validated first, so that bad input is refused without joining a batch.
+        The job is checked first, so that bad input is refused without joining a batch.
         """
-        self.engine.check_job(job)
-        done: asyncio.Future[tuple[str, str, bool]] = asyncio.get_running_loop().create_future()
-        done.add_done_callback(_retrieve)  # no "exception never retrieved" when the caller left
-        self._waiting.append((job, done))
-        if len(self._writers) < self.parallel:
-            writer = asyncio.create_task(self._write(), name="cyclone-enqueue-batch")
-            self._writers.add(writer)
-            writer.add_done_callback(self._writers.discard)
-        # A caller that goes away (its RPC cancelled) leaves its job to the batch: as with a
-        # single transaction cut off mid-commit, its outcome is unknown to it.
-        return await asyncio.shield(done)
+        entry: Waiter = (self.engine.prepare_job(job), asyncio.get_running_loop().create_future())
+        entry[1].add_done_callback(_retrieve)
+        self._waiting.append(entry)
+        if self._writers < self.parallel:
+            self._writers += 1
+            task = asyncio.create_task(self._write(), name="cyclone-enqueue-batch")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            return await asyncio.shield(entry[1])
+        except asyncio.CancelledError:
+            # The caller went away. A job not yet taken into a batch is dropped; one in a
+            # batch being written has an outcome its caller cannot learn, as with a single
+            # transaction cut off mid-commit.
+            try:
+                self._waiting.remove(entry)
+            except ValueError:
+                pass
+            raise
 
     async def close(self) -> None:
         """Wait for the batches in progress (their callers are waiting for them)."""
-        await asyncio.gather(*self._writers, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _write(self) -> None:
-        while self._waiting:
-            batch = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_batch))]
+        try:
+            while self._waiting:
+                await self._write_batch(self._next_batch())
+        finally:
+            # No await between the last look at _waiting and this: a call that queues a
+            # job after it sees the writer gone and starts another.
+            self._writers -= 1
+
+    def _next_batch(self) -> list[Waiter]:
+        batch = [self._waiting.popleft()]
+        size = batch[0][0].input_bytes
+        while self._waiting and len(batch) < self.max_batch:
+            size += self._waiting[0][0].input_bytes
+            if size > self.max_batch_bytes:
+                break
+            batch.append(self._waiting.popleft())
+        return batch
+
+    async def _write_batch(self, batch: list[Waiter]) -> None:
+        while batch:
             try:
-                rows = await self.engine.enqueue_many([job for job, _ in batch])
-            except Exception:
-                # The transaction rolled back: nothing of the batch was written.
-                await self._write_alone(batch)
+                rows = await self.engine.enqueue_prepared([job for job, _ in batch])
+            except (CycloneError, psycopg.Error) as e:
+                if isinstance(e, psycopg.OperationalError):  # unreachable, or the commit's fate unknown
+                    _fail(batch, e)
+                    return
+                refused = _refused_index(e, len(batch))
+                if refused is None:
+                    for entry in batch:
+                        await self._write_alone(entry)
+                    return
+                await self._write_batch(batch[:refused])
+                await self._write_alone(batch[refused])
+                batch = batch[refused + 1:]
                 continue
+            except Exception as e:  # a bug: the callers get INTERNAL, the log the traceback
+                log.exception("writing %d jobs failed", len(batch))
+                _fail(batch, e)
+                return
             for (_, done), row in zip(batch, rows):
                 _settle(done, row)
+            return
 
-    async def _write_alone(self, batch: list[tuple[Job, asyncio.Future[tuple[str, str, bool]]]]) -> None:
-        for job, done in batch:
-            try:
-                row = await self.engine.enqueue_job(job)
-            except Exception as e:
-                _settle(done, error=e)
-            else:
-                _settle(done, row)
+    async def _write_alone(self, entry: Waiter) -> None:
+        job, done = entry
+        try:
+            row = await self.engine.enqueue_prepared_one(job)
+        except Exception as e:
+            _settle(done, error=e)
+        else:
+            _settle(done, row)
+
+
+def _refused_index(error: CycloneError | psycopg.Error, size: int) -> int | None:
+    """The index of the job the database refused, from its "jobs[i]: " message."""
+    message = error.message if isinstance(error, CycloneError) else (error.diag.message_primary or "")
+    m = _JOB_INDEX.match(message)
+    if m is None or int(m.group(1)) >= size:
+        return None
+    return int(m.group(1))
+
+
+def _fail(batch: list[Waiter], error: BaseException) -> None:
+    for _, done in batch:
+        _settle(done, error=error)
 
 
 def _retrieve(done: asyncio.Future[Any]) -> None:
-    if not done.cancelled():
-        done.exception()
+    """Read every outcome, so that a failure whose caller went away is logged rather than
+    reported by asyncio as never retrieved."""
+    if not done.cancelled() and done.exception() is not None:
+        log.debug("enqueue failed: %s", done.exception())
 
 
 def _settle(done: asyncio.Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:

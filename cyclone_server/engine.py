@@ -57,6 +57,15 @@ class Job:
 
 
 @dataclass(frozen=True)
+class PreparedJob:
+    """A Job checked by `Engine.prepare_job`: the parameters of cyclone_job_enqueue, and its
+    input's size in bytes (compact JSON)."""
+
+    params: dict[str, Any]
+    input_bytes: int
+
+
+@dataclass(frozen=True)
 class Result:
     """One worker result for `Engine.apply_results`."""
 
@@ -97,10 +106,12 @@ def payload_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
 
 
-def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> None:
+def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> int:
+    """The payload's size in bytes (compact JSON); InvalidArgument naming `field` when over `limit`."""
     size = payload_size(value)
     if size > limit:
         raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
+    return size
 
 
 def request_hash(*fields: Any) -> str:
@@ -111,6 +122,10 @@ def _translate(e: psycopg.Error) -> CycloneError | None:
     """The CycloneError for an error a SQL function raised on purpose (SQLSTATE CY...), else None."""
     cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
     return cls(e.diag.message_primary or str(e)) if cls is not None else None
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat() if when is not None else None
 
 
 def _seconds(td: float | timedelta | None) -> timedelta | None:
@@ -250,19 +265,13 @@ class Engine:
 
     async def enqueue_job(self, job: Job) -> tuple[str, str, bool]:
         """`enqueue` with its arguments as a Job."""
-        p = self._job(job)
-        row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"])})
-        assert row is not None
-        return str(row["run_id"]), str(row["step_id"]), row["created"]
-
-    def check_job(self, job: Job) -> None:
-        """Raise InvalidArgument when `enqueue_job` would refuse the job before reaching the database."""
-        self._job(job)
+        return await self.enqueue_prepared_one(self.prepare_job(job))
 
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[tuple[str, str, bool]]:
         """Many standalone jobs in one transaction, all or none; (run_id, step_id, created) each, in order.
 
-        An error names the job by its index: "jobs[3].kind: ...".
+        An error names the job by its index: "jobs[3].kind: ..." (checked here), "jobs[3]: ..."
+        (refused by the database).
         """
         if not jobs:
             raise InvalidArgument("jobs: at least one job is required")
@@ -271,18 +280,14 @@ class Engine:
         prepared = []
         for i, job in enumerate(jobs):
             try:
-                p = self._job(job)
+                prepared.append(self.prepare_job(job))
             except InvalidArgument as e:
                 raise InvalidArgument(f"jobs[{i}].{e.message}") from None
-            for key in ("deadline", "scheduled_at"):
-                if p[key] is not None:
-                    p[key] = p[key].isoformat()
-            prepared.append(p)
-        rows = await self._all("jobs_enqueue", jobs=Jsonb(prepared))
-        return [(str(r["run_id"]), str(r["step_id"]), r["created"]) for r in rows]
+        return await self.enqueue_prepared(prepared)
 
-    def _job(self, job: Job) -> dict[str, Any]:
-        """Validate a job; the parameters of cyclone_job_enqueue for it."""
+    def prepare_job(self, job: Job) -> PreparedJob:
+        """Check a job as far as Python can (InvalidArgument, naming the field); what the
+        database needs to make it."""
         try:
             node = definitions.normalize_job(job.kind, job.options)
         except InvalidArgument as e:
@@ -290,12 +295,28 @@ class Engine:
             # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'.
             message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
             raise InvalidArgument(message) from None
-        check_payload(job.input, "input", self.max_payload_bytes)
+        size = check_payload(job.input, "input", self.max_payload_bytes)
         fp = job.request_fingerprint if job.request_fingerprint is not None else (
             job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
-        return {"node": node, "input": job.input, "priority": job.priority,
-                "idempotency_key": job.idempotency_key or None, "request_hash": request_hash("job", fp),
-                "deadline": job.deadline, "scheduled_at": job.scheduled_at}
+        return PreparedJob({"node": node, "input": job.input, "priority": job.priority,
+                            "idempotency_key": job.idempotency_key or None, "request_hash": request_hash("job", fp),
+                            "deadline": job.deadline, "scheduled_at": job.scheduled_at}, size)
+
+    async def enqueue_prepared_one(self, job: PreparedJob) -> tuple[str, str, bool]:
+        """One prepared job in its own transaction (cyclone_job_enqueue)."""
+        p = job.params
+        row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"])})
+        assert row is not None
+        return str(row["run_id"]), str(row["step_id"]), row["created"]
+
+    async def enqueue_prepared(self, jobs: Sequence[PreparedJob]) -> list[tuple[str, str, bool]]:
+        """Prepared jobs in one transaction, in order (cyclone_jobs_enqueue); errors name "jobs[i]: "."""
+        payload = [{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
+                   for j in jobs]
+        rows = await self._all("jobs_enqueue", jobs=Jsonb(payload))
+        if len(rows) != len(jobs):  # one row per job, or the transaction failed
+            raise RuntimeError(f"cyclone_jobs_enqueue returned {len(rows)} rows for {len(jobs)} jobs")
+        return [(str(r["run_id"]), str(r["step_id"]), r["created"]) for r in rows]
 
     # -- leases --------------------------------------------------------------------------
 

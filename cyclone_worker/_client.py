@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class Job:
 
     def to_proto(self, where: str = "") -> runs_pb2.EnqueueRequest:
         """The EnqueueRequest for this job; a value that cannot be sent raises TypeError or ValueError
-        naming `where` and the field."""
+        naming the field, after `where` (such as "jobs[3]") when given."""
         try:
             req = runs_pb2.EnqueueRequest(kind=self.kind, input=to_value(self.input, "input"), priority=self.priority,
                                           idempotency_key=self.idempotency_key or "", **_deadline_fields(self.deadline))
@@ -80,8 +81,15 @@ class Job:
                     datetime.now(timezone.utc) + timedelta(seconds=seconds_of(self.scheduled_at, "scheduled_at")))
                 req.scheduled_at.CopyFrom(to_timestamp(when, "scheduled_at"))
         except (TypeError, ValueError) as e:
-            raise type(e)(f"{where}{e}") from None
+            if not where:
+                raise
+            # "jobs[3]" + "input.rows[2]: ..." -> "jobs[3].input.rows[2]: ..."; other messages after ": ".
+            message = f"{where}.{e}" if _FIELD_PATH.match(str(e)) else f"{where}: {e}"
+            raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
         return req
+
+
+_FIELD_PATH = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
 
 def _run_state(word: str) -> Any:  # a RunState value
@@ -228,7 +236,7 @@ class Client:
         for i, job in enumerate(jobs):
             if not isinstance(job, Job):
                 raise TypeError(f"jobs[{i}]: expected a cyclone_worker.Job, got {type(job).__name__}")
-        req = runs_pb2.EnqueueManyRequest(jobs=[job.to_proto(f"jobs[{i}].") for i, job in enumerate(jobs)])
+        req = runs_pb2.EnqueueManyRequest(jobs=[job.to_proto(f"jobs[{i}]") for i, job in enumerate(jobs)])
         resp = await self._call(runs_pb2_grpc.RunsStub, "EnqueueMany", req)
         return [j.run_id for j in resp.jobs]
 

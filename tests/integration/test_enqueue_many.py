@@ -8,6 +8,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 import pytest
 from engine_helpers import fetch, snapshot, violations
 
@@ -107,17 +108,25 @@ async def test_a_full_call_of_jobs_is_claimable_in_priority_then_fifo_order(engi
     assert len(got) == ENQUEUE_MANY_MAX and got == sorted(got)
 
 
+async def txns(conn, run_ids: list[str]) -> int:
+    """How many transactions wrote these runs."""
+    [row] = await fetch(conn, "SELECT count(DISTINCT xmin::text) AS n FROM cyclone_runs WHERE id = ANY (%s::uuid[])",
+                        run_ids)
+    return row["n"]
+
+
 async def test_concurrent_enqueue_calls_share_transactions_and_each_gets_its_own_answer(engine: Engine,
                                                                                          conn) -> None:
     await engine.enqueue("mail", input={"to": "x"}, idempotency_key="taken")
     batcher = EnqueueBatcher(engine)
     calls = [Job("k", input={"n": i}) for i in range(300)]
-    calls[17] = Job("mail", input={"to": "y"}, idempotency_key="taken")  # refused: it fails its batch
+    calls[17] = Job("mail", input={"to": "y"}, idempotency_key="taken")  # refused inside its batch
     calls[40] = calls[41] = Job("k", input={"n": "same"}, idempotency_key="twice")
     answers = await asyncio.gather(*(batcher.enqueue(job) for job in calls), return_exceptions=True)
 
-    assert isinstance(answers[17], AlreadyExists) and not answers[17].message.startswith("jobs[")
+    assert isinstance(answers[17], AlreadyExists) and answers[17].message.startswith('idempotency_key "taken"')
     assert answers[40][0] == answers[41][0] and sorted([answers[40][2], answers[41][2]]) == [False, True]
+    made = []
     for i, job in enumerate(calls):
         if i in (17, 40, 41):
             continue
@@ -125,13 +134,60 @@ async def test_concurrent_enqueue_calls_share_transactions_and_each_gets_its_own
         [row] = await fetch(conn, "SELECT r.input, s.id FROM cyclone_runs r JOIN cyclone_steps s ON s.run_id = r.id "
                                   "WHERE r.id = %s", run_id)
         assert created and row["input"] == job.input and str(row["id"]) == step_id
+        made.append(run_id)
     assert len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 1 + 300 - 2
+    # The refusal split its batch rather than sending every job alone.
+    assert await txns(conn, made) < 50
     with pytest.raises(InvalidArgument, match="max_attempts"):  # refused before it joins a batch
         await batcher.enqueue(Job("k", options={"max_attempts": 0}))
-
-    # Calls that all succeed share transactions: fewer transactions than jobs wrote them.
-    made = await asyncio.gather(*(batcher.enqueue(Job("shared", input=i)) for i in range(100)))
-    [row] = await fetch(conn, "SELECT count(DISTINCT xmin::text) AS txns, count(*) AS runs FROM cyclone_runs "
-                              "WHERE id = ANY (%s::uuid[])", [run_id for run_id, _, _ in made])
-    assert row["runs"] == 100 and row["txns"] < 100
     await batcher.close()
+
+
+async def test_a_caller_that_leaves_before_its_batch_leaves_no_job(engine: Engine, db_url: str, conn) -> None:
+    batcher = EnqueueBatcher(engine, parallel=1)
+    # Hold the first batch in the database: it waits for its idempotency key's lock.
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as holder:
+        await holder.execute("SELECT pg_advisory_lock(hashtextextended('cyclone.idempotency:' || 'held', 0))")
+        first = asyncio.create_task(batcher.enqueue(Job("k", input="first", idempotency_key="held")))
+        await eventually_waiting_for_lock(conn)  # its batch is in the database, waiting
+        gone = asyncio.create_task(batcher.enqueue(Job("k", input="gone")))
+        await asyncio.sleep(0)  # queued behind the held batch
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert not batcher._waiting
+        await holder.execute("SELECT pg_advisory_unlock_all()")
+    assert (await asyncio.wait_for(first, 30))[2]
+    assert (await asyncio.wait_for(batcher.enqueue(Job("k", input="later")), 30))[2]
+    inputs = sorted(r["input"] for r in await fetch(conn, "SELECT input FROM cyclone_runs"))
+    assert inputs == ["first", "later"]
+    await batcher.close()
+
+
+async def test_when_the_database_is_unreachable_every_caller_gets_the_error(db_url: str, conn) -> None:
+    engine = await Engine.open(db_url, min_size=1, max_size=2)
+    batcher = EnqueueBatcher(engine)
+    await engine.close()
+    answers = await asyncio.wait_for(
+        asyncio.gather(*(batcher.enqueue(Job("k", input=i)) for i in range(20)), return_exceptions=True), 30)
+    assert all(isinstance(a, psycopg.OperationalError) for a in answers), answers
+    assert await fetch(conn, "SELECT id FROM cyclone_runs") == []
+    await batcher.close()
+
+
+async def test_calls_with_the_same_keys_in_other_orders_do_not_deadlock(engine: Engine, conn) -> None:
+    keys = [f"key-{i}" for i in range(300)]
+    forward = [Job("k", input=k, idempotency_key=k) for k in keys]
+    backward = list(reversed(forward))
+    a, b = await asyncio.gather(engine.enqueue_many(forward), engine.enqueue_many(backward))
+    by_key = {k: run_id for k, (run_id, _, _) in zip(keys, a)}
+    assert {k: run_id for k, (run_id, _, _) in zip(reversed(keys), b)} == by_key
+    assert sum(created for _, _, created in a + b) == 300
+    assert len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 300
+
+
+async def eventually_waiting_for_lock(conn, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await fetch(conn, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"):
+        assert asyncio.get_running_loop().time() < deadline, "no transaction waits for the advisory lock"
+        await asyncio.sleep(0.01)

@@ -85,3 +85,19 @@ def test_timestamps_need_a_time_zone() -> None:
     assert from_timestamp(to_timestamp(t.astimezone(plus_two))) == t
     with pytest.raises(ValueError, match="deadline: datetime must be timezone-aware"):
         to_timestamp(datetime(2026, 12, 1), "deadline")
+
+
+def test_a_job_that_cannot_be_sent_is_named_by_field_and_index() -> None:
+    from cyclone_worker import Job
+
+    with pytest.raises(ValueError, match=r"^input: nan"):
+        Job("x", float("nan")).to_proto()
+    with pytest.raises(ValueError, match=r"^jobs\[1\]\.input: nan"):
+        Job("x", float("nan")).to_proto("jobs[1]")
+    with pytest.raises(TypeError, match=r"^jobs\[0\]\.input: object is not JSON"):
+        Job("x", object()).to_proto("jobs[0]")
+    # An error whose text names no field keeps its own type alone, and reads after ": " in a call.
+    with pytest.raises(UnicodeEncodeError):
+        Job("x", "\ud800").to_proto()
+    with pytest.raises(ValueError, match=r"^jobs\[2\]: 'utf-8' codec"):
+        Job("x", "\ud800").to_proto("jobs[2]")

@@ -107,7 +107,7 @@ END $$;
 -- EnqueueMany: standalone jobs in one transaction, in array order, all or none. Each
 -- element of p_jobs is {node, input, priority, idempotency_key, request_hash, deadline,
 -- scheduled_at} as cyclone_job_enqueue takes them. An error names the job by its index
--- ("jobs[3]: ...") and keeps its SQLSTATE.
+-- ("jobs[3]: ...") and keeps its SQLSTATE, detail and hint.
 CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
@@ -117,7 +117,17 @@ DECLARE
     cur integer;
     msg text;
     code text;
+    detail text;
+    hint text;
 BEGIN
+    -- The idempotency keys' locks (cyclone__run_begin takes them again, which is free),
+    -- all first and in one order: taken job by job, two calls with the same keys in
+    -- different orders would deadlock.
+    PERFORM pg_advisory_xact_lock(k.h)
+       FROM (SELECT DISTINCT hashtextextended('cyclone.idempotency:' || (e ->> 'idempotency_key'), 0) AS h
+               FROM jsonb_array_elements(p_jobs) AS e
+              WHERE e ->> 'idempotency_key' IS NOT NULL) AS k
+      ORDER BY k.h;
     BEGIN
         FOR j IN SELECT (t.ord - 1)::integer AS i, t.e
                    FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
@@ -131,7 +141,12 @@ BEGIN
             RETURN QUERY SELECT j.i, b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, code = RETURNED_SQLSTATE;
-        RAISE EXCEPTION 'jobs[%]: %', cur, msg USING ERRCODE = code;
+        GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, code = RETURNED_SQLSTATE,
+                                detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+        IF cur IS NULL THEN  -- before the first job: nothing to name
+            RAISE EXCEPTION USING MESSAGE = msg, ERRCODE = code, DETAIL = detail, HINT = hint;
+        END IF;
+        RAISE EXCEPTION USING MESSAGE = format('jobs[%s]: %s', cur, msg), ERRCODE = code,
+                              DETAIL = detail, HINT = hint;
     END;
 END $$;

@@ -17,8 +17,9 @@ RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer
                lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
                input jsonb, parents jsonb)
 LANGUAGE sql
--- Cached generic plans are made from the statistics of the moment; one made while the
--- tables were small may scan them. Every lookup here has an index (see cyclone__promote).
+-- Postgres 18 caches a generic plan for this body too, made from the statistics of the
+-- moment: one made while the tables were small may scan them. Every lookup here has an
+-- index (see cyclone__promote).
 SET enable_seqscan = off
 AS $$
     WITH picked AS (
