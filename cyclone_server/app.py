@@ -213,6 +213,7 @@ class CycloneServer:
             await self.server.stop(grace=1.0)
         if self.runs is not None:
             await self.runs.enqueuer.close()  # batches whose callers gave up still finish
+            await self.runs.run_ends.close()
         if "notifier" in self._started and self.notifier is not None:
             await self.notifier.stop()
         if self.engine is not None:

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import time
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +18,13 @@ from .batching import EnqueueBatcher
 from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
 from .notify import Notifier
+from .run_waits import RunEndWatch
 from .servicers import deadline_of, non_negative, plain_text, required, required_id, rpc
 
 WAIT_DEFAULT = 30.0
 WAIT_MAX = 3600.0
-# A notification can slip between reading the state and starting to wait: re-check at
-# least this often, so a missed one costs a moment, not the whole timeout.
+# WaitRun re-reads the states of awaited runs at least this often, so a lost notification
+# costs a moment, not the whole timeout.
 WAIT_RECHECK = 2.0
 LIST_DEFAULT, LIST_MAX = 100, 1000
 PURGE_DEFAULT = 1000
@@ -40,6 +40,8 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         self.notifier = notifier
         # Concurrent Enqueue calls share transactions (see batching.py).
         self.enqueuer = EnqueueBatcher(engine)
+        # WaitRun calls share one state query per cyclone_run_ended (see run_waits.py).
+        self.run_ends = RunEndWatch(engine, notifier, recheck=WAIT_RECHECK)
         self._closing = asyncio.Event()
 
     def close(self) -> None:
@@ -120,23 +122,14 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run_id = required_id(request.run_id, "run_id")
         timeout = convert.duration_seconds(request, "timeout", field="timeout")
         timeout = WAIT_DEFAULT if timeout is None else min(timeout, WAIT_MAX)
-        end = time.monotonic() + timeout
         await self.engine.get_run(run_id, steps=False)  # NOT_FOUND before any waiting
-        while True:
-            # Listen first, then read: a run that ends between the two still wakes us.
-            woken = asyncio.ensure_future(self.notifier.wait("cyclone_run_ended", min(WAIT_RECHECK, timeout)))
-            closing = asyncio.ensure_future(self._closing.wait())
-            try:
-                await asyncio.sleep(0)
-                states = await self.engine.run_states([run_id])
-                state = states.get(run_id)
-                remaining = end - time.monotonic()
-                if state is None or state in TERMINAL_RUN_STATES or remaining <= 0 or self._closing.is_set():
-                    break
-                await asyncio.wait((woken, closing), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-                closing.cancel()
+        ended = asyncio.ensure_future(self.run_ends.ended(run_id, timeout))
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait((ended, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            closing.cancel()
         run = await self._run(run_id)  # NOT_FOUND when the run was purged meanwhile
         return runs_pb2.WaitRunResponse(run=run, timed_out=convert.RUN_STATE_NAMES[run.state] not in TERMINAL_RUN_STATES)
 

@@ -102,3 +102,28 @@ async def test_a_server_engine_announces_new_work_on_the_side_coalesced(
         assert 1 <= len(available) < 10
     finally:
         await server_engine.close()
+
+
+async def test_run_end_watch_wakes_each_waiter_with_one_query_per_check(notifier: Notifier, engine: Engine) -> None:
+    from cyclone_server.run_waits import RunEndWatch
+
+    watch = RunEndWatch(engine, notifier, recheck=30)  # only notifications (and arrivals) trigger checks
+    run_ids = [(await engine.enqueue("k", input=i))[0] for i in range(60)]
+    waiters = {r: asyncio.create_task(watch.ended(r, timeout=60)) for r in run_ids}
+    await until(lambda: watch.checks >= 1)
+    for run_id in run_ids[:50]:  # each in its own transaction: 50 notifications
+        assert await engine.cancel_run(run_id)
+    for run_id in run_ids[:50]:
+        assert await asyncio.wait_for(waiters[run_id], 30) is True
+    assert not any(waiters[r].done() for r in run_ids[50:])
+    # One state query for all 60 waiters per notification, not one per waiter (60 x 50).
+    assert watch.checks <= 60
+
+    # An ended run answers at once, and so does one purged since; a live one only at its timeout.
+    assert await asyncio.wait_for(watch.ended(run_ids[0], timeout=60), 30) is True
+    assert await engine.purge(0) == 50
+    assert await asyncio.wait_for(watch.ended(run_ids[1], timeout=60), 30) is True
+    assert await watch.ended(run_ids[59], timeout=0.2) is False
+    for task in waiters.values():
+        task.cancel()
+    await watch.close()
