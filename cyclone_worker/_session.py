@@ -117,7 +117,11 @@ class Session:
 
     async def _read(self, timeout: float) -> workers_pb2.ServerMessage:
         try:
-            msg = await asyncio.wait_for(self.call.read(), timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11, a cancel arriving as wait_for
+            # times out comes back as a TimeoutError, and the worker's stop would be taken
+            # for a lost stream and reconnected from, again and again.
+            async with asyncio.timeout(timeout):
+                msg = await self.call.read()
         except TimeoutError:
             raise CycloneClientError(grpc.StatusCode.UNAVAILABLE,
                                      f"the server sent nothing for {timeout:.1f}s") from None
@@ -163,7 +167,9 @@ class Session:
         self._closing = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-            await self.call.done_writing()
+            # Bounded too: on a stream that is dying meanwhile, the half-close was seen to
+            # wait forever, and with it the worker's stop.
+            await asyncio.wait_for(self.call.done_writing(), timeout)
             await asyncio.wait_for(self._ended.wait(), timeout)
         except (TimeoutError, grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
             pass

@@ -276,6 +276,11 @@ class Worker:
                 await asyncio.sleep(policy.initial)
 
     async def _run_session(self, stub: workers_pb2_grpc.WorkersStub) -> None:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # The worker is stopping, and a cancel was taken for a lost stream on its way
+            # here (asyncio.wait_for on Python 3.11 can do that): no new stream.
+            raise asyncio.CancelledError
         session = Session(self, self._leases, stub.Connect(metadata=self._metadata))
         try:
             await session.run()
