@@ -288,8 +288,11 @@ class ResultCommitter:
             if left <= 0:
                 break
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), left))
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can turn the
+                # hub's cancel at shutdown, arriving as the window ends, into a timeout.
+                async with asyncio.timeout(left):
+                    batch.append(await self._queue.get())
+            except TimeoutError:
                 break
         return batch
 

@@ -40,9 +40,10 @@ class RunEndWatch:
         if self._task is None:
             self._task = asyncio.create_task(self._watch(), name="cyclone-run-waits")
         try:
-            await asyncio.wait_for(done, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see _watch
+                await done
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             waiters = self._waiters.get(run_id)
@@ -61,8 +62,11 @@ class RunEndWatch:
         try:
             while self._waiters:
                 try:
-                    await asyncio.wait_for(self._due.wait(), self.recheck)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can turn a
+                    # cancel (close()) that arrives as it times out into a TimeoutError.
+                    async with asyncio.timeout(self.recheck):
+                        await self._due.wait()
+                except TimeoutError:
                     pass
                 self._due.clear()
                 await self._check()
