@@ -113,7 +113,6 @@ RETURNS TABLE (idx integer, run_id uuid, step_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     j record;
-    b record;
     cur integer;
     msg text;
     code text;
@@ -133,12 +132,12 @@ BEGIN
                    FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
                   ORDER BY t.ord LOOP
             cur := j.i;
-            SELECT * INTO b FROM cyclone__run_begin(
-                NULL, NULL, jsonb_build_array(j.e -> 'node'), j.e -> 'input',
-                COALESCE((j.e ->> 'priority')::integer, 0), j.e ->> 'idempotency_key',
-                j.e ->> 'request_hash', (j.e ->> 'deadline')::timestamptz,
-                (j.e ->> 'scheduled_at')::timestamptz);
-            RETURN QUERY SELECT j.i, b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
+            RETURN QUERY SELECT j.i, e.run_id, e.step_id, e.created
+                           FROM cyclone_job_enqueue(j.e -> 'node', j.e -> 'input',
+                                                    COALESCE((j.e ->> 'priority')::integer, 0),
+                                                    j.e ->> 'idempotency_key', j.e ->> 'request_hash',
+                                                    (j.e ->> 'deadline')::timestamptz,
+                                                    (j.e ->> 'scheduled_at')::timestamptz) AS e;
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, code = RETURNED_SQLSTATE,
