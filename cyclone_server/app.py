@@ -74,16 +74,6 @@ class Settings:
             self.server_id = f"{socket.gethostname()}-{os.getpid()}"
 
 
-def message_limit(max_payload_bytes: int) -> int:
-    """Largest gRPC message accepted: room for a payload at its limit in protobuf form.
-
-    A JSON payload grows when encoded as google.protobuf.Value (a one-digit number is 2
-    bytes of JSON and 11 of protobuf), so the size check on JSON must see the whole payload
-    instead of gRPC refusing it first with a less helpful message.
-    """
-    return max(4 << 20, 8 * max_payload_bytes + (1 << 20))
-
-
 def split_listen(listen: str) -> tuple[str, int]:
     """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed."""
     host, sep, port = listen.rpartition(":")
@@ -150,10 +140,14 @@ class CycloneServer:
     def _grpc_server(self) -> grpc.aio.Server:
         s = self.settings
         assert self.engine is not None and self.notifier is not None
-        limit = message_limit(s.max_payload_bytes)
         server = grpc.aio.server(interceptors=s.interceptors, options=[
             ("grpc.so_reuseport", 0),
-            ("grpc.max_receive_message_length", limit),  # sending stays unlimited (gRPC's default)
+            # No size limit on messages (only protobuf's 2 GiB): every size that matters is
+            # checked on the decoded field, where the answer can name it (an input over the
+            # payload limit is INVALID_ARGUMENT; on the worker stream an output over it
+            # discards its step, a long failure message is cut). A message gRPC refused
+            # unread would end a worker's stream, and the worker would resend it forever.
+            ("grpc.max_receive_message_length", -1),
             *KEEPALIVE_OPTIONS,
         ])
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)

@@ -18,13 +18,23 @@ import psycopg
 
 from cyclone_worker._proto import workers_pb2 as pb
 
-from .convert import optional_value, py_to_value, to_timestamp
+from .convert import duration_seconds, optional_value, py_to_value, to_timestamp
+from .definitions import MAX_SECONDS
 from .engine import Engine, Result, parse_id
-from .errors import CycloneError
+from .errors import CycloneError, InvalidArgument
 
 log = logging.getLogger(__name__)
 
 LeaseKey = tuple[str, int]  # (step_id, lease_generation)
+
+# The longest retry delay or snooze a worker may ask for, as for a node's backoff settings.
+MAX_DELAY_SECONDS = MAX_SECONDS
+# With nothing due, the dispatcher still looks once in this many seconds: a safety net for
+# a wake-up lost with a LISTEN connection, not the way due steps are found.
+IDLE_POLL = 10.0
+# The soonest the dispatcher looks again for a step it was told is due (a step that is due
+# but locked by another server's claim must not make it spin).
+MIN_DUE_WAIT = 0.01
 
 # The SQL statuses of a result, and the ack each becomes (the SQL's finer 'applied' kinds
 # travel in the ack's detail).
@@ -103,7 +113,13 @@ def lease_message(row: dict[str, Any]) -> pb.Lease:
 
 
 def to_result(r: pb.StepResult) -> Result | str:
-    """The engine's Result for a StepResult, or the refusal ('unknown' / 'invalid: why') without asking it."""
+    """The engine's Result for a StepResult, or 'unknown: why' when the step id is not an id.
+
+    A malformed answer (a NaN or U+0000 in the output, a delay out of range, no outcome)
+    becomes a failed attempt carrying why (`Result.invalid`): the worker takes an INVALID
+    ack as the end of its lease, so the server must end the attempt too, never keep a
+    lease that nobody will answer. A failure message is never refused (engine.storable_message).
+    """
     try:
         step_id = str(parse_id(r.step_id, "step_id"))
     except CycloneError:
@@ -111,22 +127,41 @@ def to_result(r: pb.StepResult) -> Result | str:
     outcome = r.WhichOneof("outcome")
     try:
         if outcome == "completed":
-            output = optional_value(r.completed, "output")
+            if r.completed.oversized_output_bytes < 0:
+                raise InvalidArgument("completed.oversized_output_bytes: must be >= 0, "
+                                      f"got {r.completed.oversized_output_bytes}")
+            if r.completed.oversized_output_bytes > 0:
+                return Result(step_id, r.lease_generation, "completed",
+                              oversized_output_bytes=r.completed.oversized_output_bytes)
+            try:
+                output = optional_value(r.completed, "output")
+            except CycloneError as e:
+                raise InvalidArgument(f"completed.{e.message}") from None
             return Result(step_id, r.lease_generation, "completed", output=output)
         if outcome == "failed":
-            delay = r.failed.retry_delay.ToTimedelta().total_seconds() if r.failed.HasField("retry_delay") else None
-            if delay is not None and delay < 0:
-                return "invalid: failed.retry_delay is negative"
             return Result(step_id, r.lease_generation, "failed", message=r.failed.message,
-                          permanent=r.failed.permanent, retry_delay=delay)
+                          permanent=r.failed.permanent,
+                          retry_delay=_delay(r.failed, "retry_delay", "failed.retry_delay"))
         if outcome == "snoozed":
-            delay = r.snoozed.delay.ToTimedelta().total_seconds()
-            if delay < 0 or not math.isfinite(delay):
-                return "invalid: snoozed.delay is negative"
-            return Result(step_id, r.lease_generation, "snoozed", delay=delay)
-    except CycloneError as e:  # a NaN, an infinity or a U+0000 in the output
-        return f"invalid: completed.{e.message}"
-    return "invalid: the result has no outcome (completed, failed or snoozed)"
+            return Result(step_id, r.lease_generation, "snoozed",
+                          delay=_delay(r.snoozed, "delay", "snoozed.delay") or 0.0)
+        raise InvalidArgument("the result has no outcome (completed, failed or snoozed)")
+    except CycloneError as e:
+        return invalid_result(step_id, r.lease_generation, e.message)
+
+
+def invalid_result(step_id: str, generation: int, why: str) -> Result:
+    """The failed attempt that stands for a malformed answer to the lease (step_id, generation)."""
+    return Result(step_id, generation, "failed", message=f"invalid result: {why}", invalid=why)
+
+
+def _delay(msg: Any, name: str, field: str) -> float | None:
+    """A worker's Duration in seconds (None when unset), within [0, MAX_DELAY_SECONDS]."""
+    seconds = duration_seconds(msg, name, field=field)
+    if seconds is not None and not seconds <= MAX_DELAY_SECONDS:
+        raise InvalidArgument(f"{field}: must be at most {MAX_DELAY_SECONDS:.0f} seconds (100 years), "
+                              f"got {seconds:g} s")
+    return seconds
 
 
 # The ack detail of each SQL status: the kind of applied result, or why it was refused.
@@ -147,23 +182,26 @@ def ack(step_id: str, generation: int, status: str, detail: str | None = None) -
 class Dispatcher:
     """Claims steps in batches for the free slots of connected workers and pushes them as Leases.
 
-    Woken (coalesced) by `wake()`; the owner polls it every `poll_interval` while a worker
-    has free slots, so steps whose scheduled_at passes (backoff, snooze) are picked up.
+    Woken (coalesced) by `wake()` whenever steps may have become claimable. Steps that become
+    claimable by the clock alone (a backoff, a snooze, a scheduled job) wake it too: after a
+    pass that left slots free, it asks when the next such step of those kinds is due and
+    sleeps until then (DECISIONS 3b: leased within 50 ms of becoming due). With nothing due
+    it looks again only every IDLE_POLL seconds.
     Workers are served round-robin so several workers of the same kinds share the backlog.
     """
 
     def __init__(self, engine: Engine, conns: Callable[[], list[WorkerConn]], *, lease_ttl: float,
-                 stats: dict[str, Any], poll_interval: float = 0.5) -> None:
+                 stats: dict[str, Any]) -> None:
         self.engine = engine
         self.conns = conns
         self.lease_ttl = lease_ttl
         self.stats = stats
-        self.poll_interval = poll_interval
         # Called with each lease's dispatch latency in seconds (e.g. a metrics histogram).
         self.latency_observers: list[Callable[[float], None]] = []
         self._event = asyncio.Event()
         self._turn = itertools.count()
         self._stopping = False
+        self._due_in: float | None = None  # seconds from the last pass to the next due step
 
     def wake(self) -> None:
         self._event.set()
@@ -174,27 +212,32 @@ class Dispatcher:
         self._event.set()
 
     async def run(self) -> None:
-        delay = self.poll_interval
+        delay = 0.1
         while True:
             try:
-                await asyncio.wait_for(self._event.wait(), self.poll_interval)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for (see ResultCommitter._gather).
+                async with asyncio.timeout(IDLE_POLL if self._due_in is None else self._due_in):
+                    await self._event.wait()
+            except TimeoutError:
                 pass
             if self._stopping:
                 return
             self._event.clear()
             try:
-                await self._pass()
-                delay = self.poll_interval
+                self._due_in = await self._pass()
+                delay = 0.1
             except Exception as e:  # a lost database: log, back off, try again
                 log.warning("dispatch pass failed: %s; retrying in %.1fs", e, delay)
+                self._due_in = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
-    async def _pass(self) -> None:
+    async def _pass(self) -> float | None:
+        """Claim for every worker with free slots; returns how long until the next step of a
+        kind they ran out of becomes due (None: nothing is due, or no slot is free)."""
         conns = [c for c in self.conns() if c.free_slots > 0]
         if not conns:
-            return
+            return None
         start = next(self._turn) % len(conns)
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
         for conn in conns[start:] + conns[:start]:
@@ -221,6 +264,11 @@ class Dispatcher:
             for row in rows:  # from claimable (scheduled_at) to pushed
                 for observe in self.latency_observers:
                     observe(row["waited"])
+        waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
+        if not waiting:
+            return None
+        due = await self.engine.next_due(waiting)
+        return None if due is None else max(due, MIN_DUE_WAIT)
 
 
 class ResultCommitter:
@@ -298,8 +346,8 @@ class ResultCommitter:
 
     async def _flush(self, batch: list[tuple[WorkerConn, Result, str]]) -> None:
         try:
-            statuses = await self._statuses([r for _, r, _ in batch])
-            self._acknowledge(batch, statuses)
+            applied = await self._apply([r for _, r, _ in batch])
+            self._acknowledge(batch, applied)
         except Exception:  # a bug, not a database outage: let the workers reconnect and resend
             log.exception("applying %d results failed", len(batch))
             for conn, _, _ in batch:
@@ -307,13 +355,14 @@ class ResultCommitter:
         finally:
             self._slots.release()
 
-    async def _statuses(self, results: list[Result]) -> list[tuple[str, str | None]]:
-        """(SQL status, detail or None) per result, in order."""
+    async def _apply(self, results: list[Result]) -> list[tuple[Result, str]]:
+        """(the result applied, its SQL status) per result, in order. A result the database
+        refuses for its data is replaced by an invalid-result failure of its attempt."""
         delay = 0.1
         while True:
             try:
                 rows = await self.engine.apply_results(results)
-                return [(status, None) for _, _, status in rows]
+                return [(r, status) for r, (_, _, status) in zip(results, rows)]
             except psycopg.OperationalError as e:
                 # The database is unreachable. Applying again is safe: results are fenced, so
                 # one that did commit before the error comes back 'ended', as a resent one would.
@@ -321,31 +370,35 @@ class ResultCommitter:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
             except (psycopg.Error, CycloneError) as e:
-                # The database refused the data (say, a \u0000 that JSONB cannot store): find
-                # the results it refuses by applying them alone, and ack those INVALID.
-                if len(results) == 1:
-                    why = e.diag.message_primary if isinstance(e, psycopg.Error) else None
-                    return [("invalid", f"the database refused the result: {why or e}")]
-                out: list[tuple[str, str | None]] = []
-                for r in results:
-                    out += await self._statuses([r])
-                return out
+                # The database refused the data: find the results it refuses by applying
+                # them alone, and fail those attempts instead (the worker takes the INVALID
+                # ack as the end of its lease).
+                if len(results) > 1:
+                    out: list[tuple[Result, str]] = []
+                    for r in results:
+                        out += await self._apply([r])
+                    return out
+                r = results[0]
+                why = e.diag.message_primary if isinstance(e, psycopg.Error) else e.message
+                if r.invalid is not None:  # even the failure was refused: a bug, not the worker's data
+                    raise
+                return await self._apply([invalid_result(r.step_id, r.generation,
+                                                          f"the database refused it: {why or e}")])
 
     def _acknowledge(self, batch: list[tuple[WorkerConn, Result, str]],
-                     statuses: list[tuple[str, str | None]]) -> None:
+                     applied: list[tuple[Result, str]]) -> None:
         self.stats["result_batches"] += 1
         acks: dict[WorkerConn, list[pb.ResultAck]] = collections.defaultdict(list)
-        for (conn, r, wire_step_id), (status, detail) in zip(batch, statuses):
+        for (conn, _, wire_step_id), (r, status) in zip(batch, applied):
             key = (r.step_id, r.generation)
-            held = conn.held.get(key)
+            held = conn.held.pop(key, None)  # the lease is over whatever the status: the slot frees
             kind = held.kind if held is not None and held.kind else "unknown"
-            if status == "invalid":
-                if held is not None:
-                    held.result_pending = False
-            else:
-                conn.held.pop(key, None)  # the slot frees with the ack
             self._count(kind, r, status)
-            acks[conn].append(ack(wire_step_id, r.generation, status, detail))
+            if r.invalid is not None:
+                fate = "the attempt failed" if status in ("retried", "discarded") else f"the lease had {status}"
+                acks[conn].append(ack(wire_step_id, r.generation, "invalid", f"{r.invalid}; {fate}"))
+            else:
+                acks[conn].append(ack(wire_step_id, r.generation, status))
         for conn, items in acks.items():
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=items)))
             conn.unacked -= len(items)

@@ -29,13 +29,16 @@ from .errors import SQLSTATE_ERRORS, CycloneError, InvalidArgument, NotFound
 from .queries import Q
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+# A failure message is stored up to this many bytes (UTF-8); a longer one is cut there and
+# marked. Unlike payloads, a message is never a reason to refuse a result.
+MAX_ERROR_MESSAGE_BYTES = 64 * 1024
 ENQUEUE_MANY_MAX = 1000  # jobs per EnqueueMany call
 ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
 # The statements after which steps may have become claimable (when they returned rows).
 MAY_MAKE_AVAILABLE = frozenset({
     "run_submit", "job_enqueue", "jobs_enqueue", "results_apply", "step_complete", "step_fail", "step_snooze",
-    "leases_sweep", "attempts_timeout", "timers_fire", "waits_expire", "children_start", "children_settle",
-    "run_resume", "run_retry", "run_signal"})
+    "leases_sweep", "leases_release", "attempts_timeout", "timers_fire", "waits_expire", "children_start",
+    "children_settle", "child_runs_settle", "run_resume", "run_retry", "run_signal"})
 log = logging.getLogger("cyclone.engine")
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
 RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
@@ -77,14 +80,26 @@ class Result:
     permanent: bool = False
     retry_delay: float | None = None  # seconds
     delay: float | None = None  # seconds, snooze
+    # The output's size (compact JSON) when the worker measured it over the limit and sent
+    # the size instead of the output: the step is discarded (output_too_large).
+    oversized_output_bytes: int | None = None
+    # Set when the worker's answer was malformed (why, naming the field): this Result is the
+    # failed attempt that replaces it, so that no lease outlives an answer nobody can apply.
+    invalid: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, max_output_bytes: int) -> dict[str, Any]:
+        """The element of cyclone_results_apply's batch. An output over `max_output_bytes`
+        is left out: only its size goes to the database, which discards the step."""
         d: dict[str, Any] = {"step_id": self.step_id, "generation": self.generation, "outcome": self.outcome}
         if self.outcome == "completed":
-            d["output"] = self.output
-            d["output_bytes"] = payload_size(self.output)
+            size = self.oversized_output_bytes
+            if size is None:
+                size = payload_size(self.output)
+            d["output_bytes"] = size
+            if size <= max_output_bytes:
+                d["output"] = self.output
         elif self.outcome == "failed":
-            d["message"] = self.message
+            d["message"] = storable_message(self.message)
             d["permanent"] = self.permanent
             if self.retry_delay is not None:
                 d["retry_delay_ms"] = self.retry_delay * 1000
@@ -112,6 +127,17 @@ def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES
     if size > limit:
         raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
     return size
+
+
+def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
+    """A failure message as Postgres can store it: U+0000 (which text and JSONB refuse)
+    becomes U+FFFD, and past `limit` bytes of UTF-8 it is cut and marked (DECISIONS 3b:
+    a result is never refused for its text)."""
+    text = text.replace("\x00", "\ufffd")
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore") + f"... [cut at {limit} of {len(raw)} bytes]"
 
 
 def request_hash(*fields: Any) -> str:
@@ -332,22 +358,45 @@ class Engine:
 
         A result whose run another transaction holds is applied again, alone, so the batch
         never waits on two runs at once.
+        Statuses are by position: two answers to one lease get one status each (the first
+        applied, the later ones 'ended'). Once the batch committed, the parent nodes of the
+        child runs it ended are settled (`settle_parents`) before this returns.
         """
-        out: dict[tuple[str, int], str] = {}
         for r in results:
             parse_id(r.step_id, "step_id")
-        pending = list(results)
+        out: list[str | None] = [None] * len(results)
+        pending = list(range(len(results)))
+        ended_children: list[uuid.UUID] = []
         while pending:  # each call applies at least the results of the first run it locks
-            rows = await self._all("results_apply", results=Jsonb([r.as_json() for r in pending]),
+            rows = await self._all("results_apply",
+                                   results=Jsonb([results[i].as_json(self.max_payload_bytes) for i in pending]),
                                    max_output_bytes=self.max_payload_bytes)
             busy = []
-            for status, r in zip(_match(rows, pending), pending):
-                if status == "busy":
-                    busy.append(r)
+            for row in rows:
+                i = pending[row["idx"] - 1]
+                if row["status"] == "busy":
+                    busy.append(i)
                 else:
-                    out[(r.step_id, r.generation)] = status
-            pending = busy
-        return [(r.step_id, r.generation, out[(r.step_id, r.generation)]) for r in results]
+                    out[i] = row["status"]
+                if row["ended_child_run"] is not None:
+                    ended_children.append(row["ended_child_run"])
+            pending = sorted(busy)
+        if ended_children:
+            await self.settle_parents(ended_children)
+        return [(r.step_id, r.generation, status) for r, status in zip(results, out)]  # type: ignore[misc]
+
+    async def settle_parents(self, child_run_ids: Sequence[uuid.UUID | str]) -> int:
+        """End the waiting parent nodes of these child runs if they ended (each in a new
+        transaction after the one that ended the child run, as the document says), and so
+        on up the tree; returns how many nodes moved. Runs with no waiting parent node cost
+        one index probe. What a busy parent run keeps from this, the child scanner does."""
+        ids = [uuid.UUID(str(i)) for i in child_run_ids]
+        moved = 0
+        while ids:
+            rows = await self._all("child_runs_settle", run_ids=ids)
+            moved += len(rows)
+            ids = [r["ended_child_run"] for r in rows if r["ended_child_run"] is not None]
+        return moved
 
     async def complete(self, step_id: str, generation: int, output: Any) -> str:
         row = await self._one("step_complete", step_id=parse_id(step_id, "step_id"), generation=generation,
@@ -357,7 +406,8 @@ class Engine:
     async def fail(self, step_id: str, generation: int, message: str, *, permanent: bool = False,
                    retry_delay: float | None = None) -> str:
         row = await self._one("step_fail", step_id=parse_id(step_id, "step_id"), generation=generation,
-                              message=message, permanent=permanent, retry_delay=_seconds(retry_delay))
+                              message=storable_message(message), permanent=permanent,
+                              retry_delay=_seconds(retry_delay))
         return row["status"]  # type: ignore[index]
 
     async def snooze(self, step_id: str, generation: int, delay: float) -> str:
@@ -372,6 +422,24 @@ class Engine:
         rows = await self._all("leases_renew", owner=owner, step_ids=[parse_id(s, "step_id") for s, _ in leases],
                                generations=[g for _, g in leases], lease_ttl=_seconds(lease_ttl))
         return [(str(r["step_id"]), r["lease_generation"]) for r in rows]
+
+    async def release(self, owner: str, leases: Sequence[tuple[str, int]]) -> list[tuple[str, str]]:
+        """Reclaim now the leases of a worker that went silent; returns (step_id, outcome) of
+        those reclaimed or discarded (reclaim_limit). The others were answered meanwhile,
+        or their run was busy: the recovery sweep takes those at expiry."""
+        if not leases:
+            return []
+        rows = await self._all("leases_release", owner=owner, step_ids=[parse_id(s, "step_id") for s, _ in leases],
+                               generations=[g for _, g in leases])
+        return [(str(r["step_id"]), r["outcome"]) for r in rows]
+
+    async def next_due(self, kinds: Sequence[str]) -> float | None:
+        """Seconds until the next available step of `kinds` whose scheduled_at is ahead
+        becomes claimable (a backoff, a snooze, a scheduled job); None when there is none."""
+        if not kinds:
+            return None
+        row = await self._one("steps_next_due", kinds=list(kinds))
+        return None if row is None or row["seconds"] is None else max(0.0, row["seconds"])
 
     async def sweep(self, limit: int = 500) -> dict[str, int]:
         """One pass of the recovery sweep and the wait scanners, each its own transaction."""
@@ -389,28 +457,42 @@ class Engine:
 
     # -- run actions ---------------------------------------------------------------------
 
+    # An action that may end its run (cancel, resume, retry, signal) also settles the run's
+    # parent node, when it has one, before it returns: DECISIONS 3b, an action's effects are
+    # visible when its call returns.
+
     async def cancel_run(self, run_id: str) -> bool:
-        return (await self._one("run_cancel", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
+        rid = parse_id(run_id, "run_id")
+        applied = (await self._one("run_cancel", run_id=rid))["applied"]  # type: ignore[index]
+        await self.settle_parents([rid])
+        return applied
 
     async def pause_run(self, run_id: str) -> bool:
         return (await self._one("run_pause", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
 
     async def resume_run(self, run_id: str) -> bool:
-        return (await self._one("run_resume", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
+        rid = parse_id(run_id, "run_id")
+        applied = (await self._one("run_resume", run_id=rid))["applied"]  # type: ignore[index]
+        await self.settle_parents([rid])
+        return applied
 
     async def retry(self, run_id: str, node: str | None = None, *, deadline: datetime | None = None) -> bool:
         """Reopen one discarded node (`node`) or all of them (`node=None`)."""
         if node is not None and not definitions.NODE_ID.match(node):
             raise InvalidArgument(f"node: {node!r} is not a valid node id")
-        row = await self._one("run_retry", run_id=parse_id(run_id, "run_id"), node=node, deadline=deadline)
+        rid = parse_id(run_id, "run_id")
+        row = await self._one("run_retry", run_id=rid, node=node, deadline=deadline)
+        await self.settle_parents([rid])
         return row["applied"]  # type: ignore[index]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> tuple[str, str | None]:
         """Write a signal to the run's mailbox; returns (signal_id, consumed_by_step_id)."""
         definitions.validate_name(name, "name")
         check_payload(payload, "payload", self.max_payload_bytes)
-        row = await self._one("run_signal", run_id=parse_id(run_id, "run_id"), name=name, payload=Jsonb(payload))
+        rid = parse_id(run_id, "run_id")
+        row = await self._one("run_signal", run_id=rid, name=name, payload=Jsonb(payload))
         assert row is not None
+        await self.settle_parents([rid])
         return str(row["signal_id"]), (str(row["consumed_by"]) if row["consumed_by"] else None)
 
     async def purge(self, older_than: float | timedelta | None, limit: int = 1000, *, sweep: bool = False) -> int:
@@ -455,14 +537,6 @@ class Engine:
 
     async def stats(self) -> list[dict[str, Any]]:
         return await self._all("kinds_stats")
-
-
-def _match(rows: list[dict[str, Any]], pending: Sequence[Result]) -> list[str]:
-    """Statuses in the order of `pending` (the SQL function returns them by run)."""
-    by_key: dict[tuple[str, int], list[str]] = {}
-    for row in rows:
-        by_key.setdefault((str(row["step_id"]), row["lease_generation"]), []).append(row["status"])
-    return [by_key[(str(uuid.UUID(r.step_id)), r.generation)].pop(0) for r in pending]
 
 
 __all__ = ["Engine", "Result", "CycloneError", "TERMINAL_RUN_STATES", "parse_id", "check_payload"]

@@ -63,8 +63,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         await hub.stop(grace=10)
     """
 
-    def __init__(self, engine: Engine, notifier: Notifier, *, server_id: str, lease_ttl: float,
-                 poll_interval: float = 0.5) -> None:
+    def __init__(self, engine: Engine, notifier: Notifier, *, server_id: str, lease_ttl: float) -> None:
         self.engine = engine
         self.notifier = notifier
         self.server_id = server_id
@@ -80,14 +79,14 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             "claims": collections.Counter(), "completions": collections.Counter(),
             "failures": collections.Counter(), "snoozes": collections.Counter(),
             "fenced_results": collections.Counter(), "stops": collections.Counter(), "result_batches": 0,
-            "connects": 0, "reconnects": 0,
+            "connects": 0, "reconnects": 0, "releases": 0,
         }
-        self.dispatcher = Dispatcher(engine, lambda: self.conns, lease_ttl=lease_ttl, stats=self.stats,
-                                     poll_interval=poll_interval)
+        self.dispatcher = Dispatcher(engine, lambda: self.conns, lease_ttl=lease_ttl, stats=self.stats)
         self.committer = ResultCommitter(engine, stats=self.stats, on_applied=self.wake)
         self._accepting = True
         self._dispatch_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._releasing: set[asyncio.Task[None]] = set()
 
     @property
     def connected_workers(self) -> int:
@@ -122,6 +121,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         deadline = time.monotonic() + 2
         while self.conns and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -149,6 +149,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         lost = await self._welcome_held(conn, hello, context)
         welcome = pb.Welcome(server_id=self.server_id, lease_ttl=to_duration(self.lease_ttl),
                              heartbeat_interval=to_duration(self.heartbeat),
+                             max_payload_bytes=self.engine.max_payload_bytes,
                              lost=[pb.LeaseRef(step_id=s, lease_generation=g) for s, g in lost])
         await context.write(pb.ServerMessage(welcome=welcome))
         self.stats["connects"] += 1
@@ -221,11 +222,10 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         refused: list[pb.ResultAck] = []
         for r in results:
             result = to_result(r)
-            if isinstance(result, str):
+            if isinstance(result, str):  # the step id is not an id: no step to answer
                 status, _, detail = result.partition(": ")
-                if status == "unknown":
-                    conn.held.pop((r.step_id, r.lease_generation), None)
-                    self.stats["fenced_results"]["unknown"] += 1
+                conn.held.pop((r.step_id, r.lease_generation), None)
+                self.stats["fenced_results"][status] += 1
                 refused.append(ack(r.step_id, r.lease_generation, status, detail or None))
             else:
                 self.committer.submit(conn, result, r.step_id)
@@ -238,13 +238,36 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             await asyncio.sleep(self.heartbeat)
             silent = time.monotonic() - conn.last_pong
             if silent > PONG_MISSES * self.heartbeat:
-                log.info("worker %s silent for %.1fs; ending its stream", conn.worker_id, silent)
+                log.info("worker %s silent for %.1fs; ending its stream and reclaiming its %d leases",
+                         conn.worker_id, silent, len(conn.held))
                 conn.end(grpc.StatusCode.UNAVAILABLE, f"no pong for {silent:.1f}s")
+                # Its own task: ending the stream cancels this one.
+                task = asyncio.create_task(self._release(conn), name="cyclone-release")
+                self._releasing.add(task)
+                task.add_done_callback(self._releasing.discard)
                 return
             nonce += 1
             at = timestamp_pb2.Timestamp()
             at.GetCurrentTime()
             conn.send(pb.ServerMessage(ping=pb.Ping(nonce=nonce, at=at)))
+
+    async def _release(self, conn: WorkerConn) -> None:
+        """A silent worker can no longer answer its leases: reclaim them now (fenced by
+        owner and generation) rather than after their TTL. A lease whose result arrived
+        is left to that result."""
+        keys = [k for k, h in conn.held.items() if not h.result_pending]
+        for _ in range(3):
+            try:
+                released = await self.engine.release(conn.worker_id, keys)
+            except Exception as e:  # the recovery sweep reclaims them at expiry
+                log.warning("releasing the leases of silent worker %s failed: %s", conn.worker_id, e)
+                return
+            self.stats["releases"] += len(released)
+            done = {s for s, _ in released}
+            keys = [k for k in keys if k[0] not in done]
+            if not released or not keys:
+                return
+        # What is left was answered meanwhile or sat in a busy run: the sweep has it at expiry.
 
     # -- lease renewal ----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -29,6 +30,35 @@ __all__ = ["Held", "LeaseTable"]
 log = logging.getLogger("cyclone_worker")
 
 LeaseKey = tuple[str, int]  # (step_id, lease_generation)
+
+# What a server that does not say (Welcome.max_payload_bytes = 0) stores at most.
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+# The server stores a failure message up to this many bytes and cuts the rest: so is it sent.
+MAX_ERROR_MESSAGE_BYTES = 64 * 1024
+
+
+def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
+    """The Completed answer for a handler's return value: the output, or only its size when
+    it is over the server's limit (the step is then discarded as output_too_large, and the
+    output never crosses the wire). Raises TypeError / ValueError for a value JSON cannot hold."""
+    value = to_value(out, "output")
+    # The size that counts is compact JSON's; the protobuf size bounds it cheaply from below
+    # by far (an escaped character costs at most 6 bytes in JSON), so most outputs skip it.
+    if value.ByteSize() * 8 > max_payload_bytes:
+        size = len(json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size > max_payload_bytes:
+            return workers_pb2.StepResult(completed=workers_pb2.Completed(oversized_output_bytes=size))
+    return workers_pb2.StepResult(completed=workers_pb2.Completed(output=value))
+
+
+def bounded_message(result: workers_pb2.StepResult) -> workers_pb2.StepResult:
+    """Cut a failure message past MAX_ERROR_MESSAGE_BYTES, as the server would store it."""
+    if result.HasField("failed"):
+        raw = result.failed.message.encode("utf-8")
+        if len(raw) > MAX_ERROR_MESSAGE_BYTES:
+            result.failed.message = (raw[:MAX_ERROR_MESSAGE_BYTES].decode("utf-8", "ignore")
+                                     + f"... [cut at {MAX_ERROR_MESSAGE_BYTES} of {len(raw)} bytes]")
+    return result
 
 
 class Held:
@@ -64,6 +94,7 @@ class LeaseTable:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: Executor | None = None
         self._pool: Any = None
+        self.max_payload_bytes = DEFAULT_MAX_PAYLOAD_BYTES  # the server's, from its Welcome
 
     def open(self, loop: asyncio.AbstractEventLoop, executor: Executor, pool: Any) -> None:
         self._loop, self._executor, self._pool = loop, executor, pool
@@ -72,8 +103,10 @@ class LeaseTable:
         """What Hello.held lists: every lease the server has not taken back."""
         return [h.ref() for h in self.held.values() if not h.stopped]
 
-    def welcomed(self, session: Session, lost: list[workers_pb2.LeaseRef]) -> list[workers_pb2.StepResult]:
+    def welcomed(self, session: Session, lost: list[workers_pb2.LeaseRef],
+                 max_payload_bytes: int = 0) -> list[workers_pb2.StepResult]:
         """A new stream is up: stop the lost leases; returns the results to send on it."""
+        self.max_payload_bytes = max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
         for ref in lost:
             self.stop(ref, "lost")
         self.session = session
@@ -107,12 +140,12 @@ class LeaseTable:
             return
         status = enum_name(workers_pb2.AckStatus, ack.status, "ACK_STATUS_")  # a newer server's status too
         self.counts[status] += 1
-        if ack.status == workers_pb2.ACK_STATUS_INVALID and h.result is not None and h.result.HasField("completed"):
-            # The server could not read our output: fail the attempt instead, once.
-            log.error("cyclone: result for step %s refused as invalid: %s", ack.step_id, ack.detail)
-            self._finish(h, h.answer(outcome_of(Permanent(f"invalid result: {ack.detail}"))))
-            return
-        if ack.status != workers_pb2.ACK_STATUS_APPLIED and not h.ctx.completed_in_tx:
+        if ack.status == workers_pb2.ACK_STATUS_INVALID:
+            # The server could not use our answer and failed the attempt in its place: the
+            # lease is over (a bug to report, not something to answer again).
+            log.error("cyclone: result for step %s (node %s) refused as invalid: %s", ack.step_id,
+                      h.lease.node, ack.detail)
+        elif ack.status != workers_pb2.ACK_STATUS_APPLIED and not h.ctx.completed_in_tx:
             log.warning("cyclone: result for step %s (node %s, generation %d) refused: %s %s", ack.step_id,
                         h.lease.node, ack.lease_generation, status, ack.detail)
         self._drop(h)
@@ -131,7 +164,7 @@ class LeaseTable:
                 if inspect.isawaitable(out):
                     out = await out
             try:
-                result = workers_pb2.StepResult(completed=workers_pb2.Completed(output=to_value(out, "output")))
+                result = completed(out, self.max_payload_bytes)
             except (TypeError, ValueError) as e:
                 result = outcome_of(Permanent(f"output is not JSON: {e}"))
         except asyncio.CancelledError as e:
@@ -153,7 +186,7 @@ class LeaseTable:
         self._finish(h, h.answer(result))
 
     def _finish(self, h: Held, result: workers_pb2.StepResult) -> None:
-        h.result = result
+        h.result = bounded_message(result)
         self.changed.set()
         if self.session is not None:
             self.session.send_result(result)

@@ -297,7 +297,7 @@ class Worker:
 
     def welcomed(self, session: Session, welcome: workers_pb2.Welcome) -> list[workers_pb2.StepResult]:
         """Stop the lost leases; returns the results still to deliver on this new stream."""
-        results = self._leases.welcomed(session, list(welcome.lost))
+        results = self._leases.welcomed(session, list(welcome.lost), welcome.max_payload_bytes)
         self._connected.set()
         self.counts["welcomes"] += 1
         return results

@@ -32,7 +32,20 @@ SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s) ORDER B
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: results_apply
-SELECT step_id, lease_generation, status FROM cyclone_results_apply(%(results)s, %(max_output_bytes)s);
+SELECT idx, step_id, lease_generation, status, ended_child_run
+  FROM cyclone_results_apply(%(results)s, %(max_output_bytes)s);
+
+-- name: child_runs_settle
+SELECT step_id, outcome, ended_child_run FROM cyclone_child_runs_settle(%(run_ids)s);
+
+-- name: steps_next_due
+-- Seconds until the first available step of these kinds whose scheduled_at is still ahead
+-- becomes claimable (NULL: none). One index probe per kind (cyclone_steps_active_kind).
+SELECT extract(epoch FROM min(n.at) - now())::float8 AS seconds
+  FROM unnest(%(kinds)s::text[]) AS k (kind)
+ CROSS JOIN LATERAL (SELECT s.scheduled_at AS at FROM cyclone_steps s
+                      WHERE s.kind = k.kind AND s.state = 'available' AND s.scheduled_at > now()
+                      ORDER BY s.scheduled_at LIMIT 1) n;
 
 -- name: step_complete
 SELECT cyclone_step_complete(%(step_id)s, %(generation)s, %(output)s, %(max_output_bytes)s) AS status;
@@ -45,6 +58,9 @@ SELECT cyclone_step_snooze(%(step_id)s, %(generation)s, %(delay)s) AS status;
 
 -- name: leases_renew
 SELECT step_id, lease_generation FROM cyclone_leases_renew(%(owner)s, %(step_ids)s, %(generations)s, %(lease_ttl)s);
+
+-- name: leases_release
+SELECT step_id, outcome FROM cyclone_leases_release(%(owner)s, %(step_ids)s, %(generations)s);
 
 -- name: leases_sweep
 SELECT step_id, outcome FROM cyclone_leases_sweep(%(limit)s);

@@ -80,10 +80,12 @@ class StepResult(_message.Message):
     def __init__(self, step_id: _Optional[str] = ..., lease_generation: _Optional[int] = ..., completed: _Optional[_Union[Completed, _Mapping]] = ..., failed: _Optional[_Union[Failed, _Mapping]] = ..., snoozed: _Optional[_Union[Snoozed, _Mapping]] = ...) -> None: ...
 
 class Completed(_message.Message):
-    __slots__ = ("output",)
+    __slots__ = ("output", "oversized_output_bytes")
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    OVERSIZED_OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     output: _struct_pb2.Value
-    def __init__(self, output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    oversized_output_bytes: int
+    def __init__(self, output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., oversized_output_bytes: _Optional[int] = ...) -> None: ...
 
 class Failed(_message.Message):
     __slots__ = ("message", "permanent", "retry_delay")
@@ -122,16 +124,18 @@ class ServerMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., leases: _Optional[_Union[Leases, _Mapping]] = ..., acks: _Optional[_Union[ResultAcks, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("server_id", "lease_ttl", "heartbeat_interval", "lost")
+    __slots__ = ("server_id", "lease_ttl", "heartbeat_interval", "lost", "max_payload_bytes")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     server_id: str
     lease_ttl: _duration_pb2.Duration
     heartbeat_interval: _duration_pb2.Duration
     lost: _containers.RepeatedCompositeFieldContainer[LeaseRef]
-    def __init__(self, server_id: _Optional[str] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lost: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ...) -> None: ...
+    max_payload_bytes: int
+    def __init__(self, server_id: _Optional[str] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., lost: _Optional[_Iterable[_Union[LeaseRef, _Mapping]]] = ..., max_payload_bytes: _Optional[int] = ...) -> None: ...
 
 class Leases(_message.Message):
     __slots__ = ("leases",)

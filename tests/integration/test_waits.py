@@ -113,19 +113,17 @@ async def test_retry_of_a_child_node_reuses_its_child_run(engine: Engine, conn) 
     await engine.sweep()
     assert (await run_row(conn, run_id))["state"] == "failed"
     await engine.retry(run_id, "kid")
-    # Retry: discarded -> pending (the table's row); the child scanner then starts the wait.
-    assert await states(conn, run_id) == {"kid": "pending", "b": "available"}
-    assert (await run_row(conn, run_id))["state"] == "running"
-    await engine.settle_children()
+    # Retry: discarded -> pending (the table's row) and, in the same transaction, the node
+    # starts waiting on its child run again, which is reopened (DECISIONS 3b): no scanner pass.
     assert await states(conn, run_id) == {"kid": "waiting_child", "b": "available"}
+    assert (await run_row(conn, run_id))["state"] == "running"
     assert (await child_of(conn, run_id, "kid"), (await run_row(conn, child))["state"]) == (child, "running")
     assert (await step(conn, child, "ct"))["state"] == "available"
-    # Cancelled child run (max_wait): a new child run.
+    # Cancelled child run (max_wait): a new child run, at once.
     await conn.execute("UPDATE cyclone_steps SET max_wait_at = now() WHERE node = 'kid'")
     await engine.sweep()
     assert (await run_row(conn, child))["state"] == "cancelled"
     await engine.retry(run_id, "kid")
-    await engine.settle_children()
     second = await child_of(conn, run_id, "kid")
     assert second != child and (await run_row(conn, second))["state"] == "running"
     # Completed child run whose node was cancelled before it settled: the node takes its result.
@@ -133,8 +131,7 @@ async def test_retry_of_a_child_node_reuses_its_child_run(engine: Engine, conn) 
     await discard(engine, "b")  # fail-fast cancels kid before the scanner saw its child run end
     assert await states(conn, run_id) == {"kid": "cancelled", "b": "discarded"}
     await engine.retry(run_id, "b")
-    assert (await step(conn, run_id, "kid"))["state"] == "pending"
-    await engine.settle_children()  # pending -> waiting_child; then, in its own transaction, completed
+    # Reopened, it takes its completed child run's result in the Retry's transaction.
     kid = await step(conn, run_id, "kid")
     assert (kid["state"], kid["output"], str(kid["child_run_id"])) == ("completed", {"ct": "from-second"}, second)
 

@@ -24,14 +24,17 @@ BEGIN
     RETURN encode(b, 'hex')::uuid;
 END $$;
 
--- min(max, initial * 2^(attempt-1)) with +-10% jitter. In seconds (float) until capped:
--- initial * 2^40 as an interval overflows ("interval out of range") for initial >= ~2 h.
-CREATE OR REPLACE FUNCTION cyclone__backoff(p_initial interval, p_max interval, p_attempt integer)
+-- The delay after the n-th failed execution (DECISIONS 3): min(max, initial * 2^(n-1)), so the
+-- first retry waits `initial`, with +-10% jitter that never takes it above `max`. In seconds
+-- (float) until capped: initial * 2^40 as an interval overflows for initial >= ~2 h.
+CREATE OR REPLACE FUNCTION cyclone__backoff(p_initial interval, p_max interval, p_failed_attempt integer)
 RETURNS interval LANGUAGE sql VOLATILE AS $$
-    SELECT make_interval(secs => least(extract(epoch FROM p_max)::float8,
-                                       extract(epoch FROM p_initial)::float8
-                                       * power(2::float8, least(greatest(p_attempt - 1, 0), 40))))
-           * (0.9 + random() * 0.2)
+    -- Jitter applies to the capped delay too (so retries capped at max still spread out),
+    -- and the result is capped again.
+    SELECT make_interval(secs => least(cap, least(cap, base) * (0.9 + random() * 0.2)))
+      FROM (SELECT extract(epoch FROM p_max)::float8 AS cap,
+                   extract(epoch FROM p_initial)::float8
+                   * power(2::float8, least(greatest(p_failed_attempt - 1, 0), 40)) AS base) x
 $$;
 
 -- The state a step enters once all its deps are completed (or at submit when it has none).
@@ -236,10 +239,9 @@ END $$;
 -- Move each pending step whose deps are all completed into its entry state. Only in a
 -- running run: in a paused run pending steps stay pending and Resume promotes them.
 -- p_after limits the search to the dependents of one step that just completed.
--- p_skip_children leaves child nodes pending (Retry: the child scanner starts them).
 DROP FUNCTION IF EXISTS cyclone__promote(uuid, uuid);
-CREATE OR REPLACE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL,
-                                            p_skip_children boolean DEFAULT false)
+DROP FUNCTION IF EXISTS cyclone__promote(uuid, uuid, boolean);
+CREATE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 -- Its statements are cached as generic plans. One planned while cyclone_step_deps was
 -- still empty would scan that table on every completion until the next ANALYZE; every
@@ -274,7 +276,6 @@ BEGIN
         SELECT array_agg(s.id ORDER BY s.id) INTO ids
           FROM cyclone_steps s
          WHERE s.run_id = p_run_id AND s.state = 'pending'
-           AND NOT (p_skip_children AND s.type = 'child')
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed');
     END IF;
@@ -360,9 +361,9 @@ BEGIN
         SELECT * INTO cr FROM cyclone_runs WHERE id = s.child_run_id FOR NO KEY UPDATE;
         IF FOUND THEN
             IF cr.state = 'completed' THEN
-                -- The node takes the result in a transaction of its own (the child scanner),
-                -- as for any child run that ended.
-                PERFORM pg_notify('cyclone_run_ended', '');
+                -- A retried node takes the result of its completed child run at once, in the
+                -- Retry's transaction (DECISIONS 3b).
+                PERFORM cyclone__wait_complete(p_run_id, p_step_id, 'waiting_child', cr.result);
                 RETURN;
             ELSIF cr.state = 'failed' THEN
                 PERFORM cyclone__run_reopen(cr.id, NULL, NULL);

@@ -121,9 +121,9 @@ BEGIN
        SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
            errors = errors || jsonb_build_object('attempt', attempt, 'error_kind', p_error_kind,
                                                  'message', p_message, 'at', now()),
-           -- "scheduled_at = now() + backoff(attempt)", the attempt already incremented.
+           -- The backoff of the attempt that just failed: the first retry waits backoff_initial.
            scheduled_at = now() + COALESCE(p_retry_delay,
-                                           cyclone__backoff(backoff_initial, backoff_max, attempt + 1)),
+                                           cyclone__backoff(backoff_initial, backoff_max, attempt)),
            attempt = attempt + 1,
            -- A retried attempt timeout shows on the step (DECISIONS: error_kind = "timeout").
            error_kind = CASE WHEN p_error_kind = 'timeout' THEN 'timeout' ELSE error_kind END,
@@ -213,10 +213,15 @@ END $$;
 -- Many results in one transaction (group commit). p_results is a JSON array of
 -- {"step_id", "generation", "outcome": "completed"|"failed"|"snoozed", "output",
 --  "output_bytes" (compact JSON size), "message", "permanent", "retry_delay_ms", "delay_ms"}.
+-- One row per element, `idx` its 1-based position: two answers to one lease each get their
+-- own status (the first applied, the later ones 'ended').
 -- Runs are locked in id order; after the first, without waiting: a result whose run is
 -- busy comes back as 'busy' for the caller to apply again on its own.
-CREATE OR REPLACE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
-RETURNS TABLE (step_id uuid, lease_generation bigint, status text)
+-- `ended_child_run`: set when this result ended a child run, whose parent node the caller
+-- settles in a new transaction once this one committed (cyclone_child_runs_settle).
+DROP FUNCTION IF EXISTS cyclone_results_apply(jsonb, integer);
+CREATE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
+RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- as cyclone_steps_claim; it holds for the functions it calls
 AS $$
@@ -225,15 +230,19 @@ DECLARE
     locked uuid;
     first boolean := true;
     busy uuid;
+    is_child boolean;
 BEGIN
     FOR x IN
-        SELECT (e ->> 'step_id')::uuid AS sid, (e ->> 'generation')::bigint AS gen, e, s.run_id
-          FROM jsonb_array_elements(p_results) e
-          LEFT JOIN cyclone_steps s ON s.id = (e ->> 'step_id')::uuid
-         ORDER BY s.run_id NULLS FIRST
+        SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
+               e.v AS e, s.run_id
+          FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+          LEFT JOIN cyclone_steps s ON s.id = (e.v ->> 'step_id')::uuid
+         ORDER BY s.run_id NULLS FIRST, e.ord
     LOOP
+        idx := x.i;
         step_id := x.sid;
         lease_generation := x.gen;
+        ended_child_run := NULL;
         IF x.run_id IS NULL THEN
             status := 'unknown';
             RETURN NEXT;
@@ -241,9 +250,11 @@ BEGIN
         END IF;
         IF x.run_id IS DISTINCT FROM locked THEN
             IF first THEN
-                PERFORM 1 FROM cyclone_runs WHERE id = x.run_id FOR NO KEY UPDATE;
+                SELECT r.parent_run_id IS NOT NULL INTO is_child
+                  FROM cyclone_runs r WHERE r.id = x.run_id FOR NO KEY UPDATE;
             ELSE
-                PERFORM 1 FROM cyclone_runs WHERE id = x.run_id FOR NO KEY UPDATE SKIP LOCKED;
+                SELECT r.parent_run_id IS NOT NULL INTO is_child
+                  FROM cyclone_runs r WHERE r.id = x.run_id FOR NO KEY UPDATE SKIP LOCKED;
             END IF;
             first := false;
             IF NOT FOUND THEN
@@ -269,6 +280,10 @@ BEGIN
                 cyclone__step_snooze(x.run_id, x.sid, x.gen,
                                      make_interval(secs => COALESCE((x.e ->> 'delay_ms')::float8, 0) / 1000))
             ELSE 'invalid' END;
+        IF is_child AND status IN ('applied', 'discarded', 'output_too_large') THEN
+            SELECT r.id INTO ended_child_run FROM cyclone_runs r
+             WHERE r.id = x.run_id AND r.state IN ('completed', 'failed', 'cancelled');
+        END IF;
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -296,11 +311,31 @@ LANGUAGE sql AS $$
                         WHERE s.id = h.id AND s.state = 'running' AND s.lease_generation = h.gen)
 $$;
 
--- Recovery sweep: a running step whose lease expired goes back to available (same attempt,
--- no backoff, reclaims + 1), or, when it was already reclaimed max_reclaims times, is
--- discarded with error_kind reclaim_limit (then fail-fast applies). Safe with several
--- servers sweeping at once: each step is guarded by its generation, each run is taken
--- without waiting.
+-- running -> available (same attempt, no backoff, reclaims + 1; to paused in a paused run),
+-- or, when the step was already reclaimed max_reclaims times, discarded with error_kind
+-- reclaim_limit (then fail-fast applies). The caller holds the run lock and the step's row.
+CREATE OR REPLACE FUNCTION cyclone__lease_reclaim(p_run_state text, s cyclone_steps, p_why text)
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    IF s.reclaims >= s.max_reclaims THEN
+        PERFORM cyclone__step_discard(s.run_id, s.id, 'reclaim_limit', NULL,
+            format('lease of %s %s after %s reclaims', s.lease_owner, p_why, s.reclaims));
+        RETURN 'discarded';
+    END IF;
+    UPDATE cyclone_steps
+       SET state = CASE WHEN p_run_state = 'paused' THEN 'paused' ELSE 'available' END,
+           reclaims = reclaims + 1, scheduled_at = now(),
+           attempt_deadline = NULL
+     WHERE id = s.id;
+    IF p_run_state <> 'paused' THEN
+        PERFORM cyclone__notify_available();
+    END IF;
+    RETURN 'reclaimed';
+END $$;
+
+-- Recovery sweep: every running step whose lease expired is reclaimed (cyclone__lease_reclaim).
+-- Safe with several servers sweeping at once: each step is guarded by its generation, each
+-- run is taken without waiting.
 CREATE OR REPLACE FUNCTION cyclone_leases_sweep(p_limit integer DEFAULT 500)
 RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
@@ -321,21 +356,45 @@ BEGIN
            FOR UPDATE;
         CONTINUE WHEN NOT FOUND;
         step_id := s.id;
-        IF s.reclaims >= s.max_reclaims THEN
-            PERFORM cyclone__step_discard(c.run_id, s.id, 'reclaim_limit', NULL,
-                format('lease of %s expired after %s reclaims', s.lease_owner, s.reclaims));
-            outcome := 'discarded';
+        outcome := cyclone__lease_reclaim(run_state, s, 'expired');
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- The leases of a worker whose stream the server ended for silence: nobody can answer them
+-- any more, so they are reclaimed now instead of at their expiry. Only the leases still
+-- running under that owner and generation (a result that came first wins). Runs are taken
+-- in id order, the first waiting, the others without: what this skips, the sweep reclaims
+-- at expiry. Returns the leases reclaimed or discarded.
+CREATE OR REPLACE FUNCTION cyclone_leases_release(p_owner text, p_step_ids uuid[], p_generations bigint[])
+RETURNS TABLE (step_id uuid, outcome text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    s cyclone_steps;
+    run_state text;
+    first boolean := true;
+BEGIN
+    FOR c IN
+        SELECT x.id, x.run_id, x.lease_generation AS gen FROM cyclone_steps x
+          JOIN unnest(p_step_ids, p_generations) AS h (id, gen) ON h.id = x.id AND h.gen = x.lease_generation
+         WHERE x.state = 'running' AND x.lease_owner = p_owner
+         ORDER BY x.run_id, x.id
+    LOOP
+        IF first THEN
+            SELECT r.state INTO run_state FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE;
         ELSE
-            UPDATE cyclone_steps
-               SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
-                   reclaims = reclaims + 1, scheduled_at = now(),
-                   attempt_deadline = NULL
-             WHERE id = s.id;
-            IF run_state <> 'paused' THEN
-                PERFORM cyclone__notify_available();
-            END IF;
-            outcome := 'reclaimed';
+            SELECT r.state INTO run_state FROM cyclone_runs r WHERE r.id = c.run_id
+               FOR NO KEY UPDATE SKIP LOCKED;
         END IF;
+        first := false;
+        CONTINUE WHEN NOT FOUND;
+        SELECT * INTO s FROM cyclone_steps x
+         WHERE x.id = c.id AND x.state = 'running' AND x.lease_generation = c.gen AND x.lease_owner = p_owner
+           FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        step_id := s.id;
+        outcome := cyclone__lease_reclaim(run_state, s, 'was released (its worker went silent)');
         RETURN NEXT;
     END LOOP;
 END $$;

@@ -190,11 +190,10 @@ BEGIN
     RETURNING * INTO r;
 
     IF r.state = 'running' THEN
-        PERFORM cyclone__promote(r.id, NULL, true);
-        IF EXISTS (SELECT 1 FROM cyclone_steps WHERE id = ANY (COALESCE(reopened, '{}')) AND type = 'child') THEN
-            -- Reopened child nodes stay pending; this wakes the servers' child scanners.
-            PERFORM pg_notify('cyclone_run_ended', '');
-        END IF;
+        -- Reopened child nodes start waiting on their child runs in this transaction too:
+        -- a failed child run is reopened, a completed one gives its result, a cancelled one
+        -- is replaced (cyclone__child_attach).
+        PERFORM cyclone__promote(r.id);
     ELSE
         -- Paused: a reopened task or wait whose deps are done waits in paused, with its full
         -- timers; a child node stays pending, and Resume promotes it.

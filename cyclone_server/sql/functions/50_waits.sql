@@ -52,9 +52,44 @@ BEGIN
     END LOOP;
 END $$;
 
--- pending -> waiting_child for a retried child node (Retry leaves it pending: the row
--- "discarded, cancelled -> pending"); its deps are complete, so it starts waiting on its
--- child run, reusing it (see cyclone__child_attach).
+-- The same for the given child runs, right after the transaction that ended them committed
+-- (a worker's result, Cancel, Signal, ...): the action's caller sees the parent node settled
+-- when its call returns, rather than after the scanner's pass. The first parent run is
+-- locked waiting, the others without (the scanner finds what this skips). Returns each
+-- settled node, and `ended_child_run` when settling it ended a child run in turn.
+CREATE OR REPLACE FUNCTION cyclone_child_runs_settle(p_child_run_ids uuid[])
+RETURNS TABLE (step_id uuid, outcome text, ended_child_run uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    first boolean := true;
+BEGIN
+    FOR c IN
+        SELECT s.id, s.run_id FROM cyclone_steps s
+         WHERE s.child_run_id = ANY (p_child_run_ids) AND s.state = 'waiting_child'
+         ORDER BY s.run_id, s.id
+    LOOP
+        IF first THEN
+            PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running' FOR NO KEY UPDATE;
+        ELSE
+            PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
+                FOR NO KEY UPDATE SKIP LOCKED;
+        END IF;
+        first := false;
+        CONTINUE WHEN NOT FOUND;
+        step_id := c.id;
+        outcome := cyclone__child_settle(c.run_id, c.id);
+        CONTINUE WHEN outcome IS NULL;
+        ended_child_run := (SELECT r.id FROM cyclone_runs r
+                             WHERE r.id = c.run_id AND r.parent_run_id IS NOT NULL
+                               AND r.state IN ('completed', 'failed', 'cancelled'));
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- pending -> waiting_child for a child node whose deps are complete in a running run. Retry
+-- and Resume start such nodes in their own transactions; this scanner is the safety net for
+-- rows written by an older version (which left retried child nodes pending for it).
 CREATE OR REPLACE FUNCTION cyclone_children_start(p_limit integer DEFAULT 500)
 RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$

@@ -21,7 +21,6 @@ type held struct {
 	started        bool           // false for a lease that arrived while draining: handed back
 	result         *pb.StepResult // set once the handler returned; kept until acked
 	sentIn         int            // the session the result was last sent on
-	refusedInvalid bool
 }
 
 func (w *Worker) onWelcome(stream pb.Workers_ConnectClient, welcome *pb.Welcome) {
@@ -115,17 +114,10 @@ func (w *Worker) onAck(a *pb.ResultAck) {
 		w.mu.Unlock()
 		return
 	}
+	// Every ack ends the lease. INVALID means our answer was malformed and the server
+	// failed the attempt in its place: a bug in this worker, logged as such.
 	if a.Status == pb.AckStatus_ACK_STATUS_INVALID {
-		// The lease is still ours: answer once more with a failure that says why.
 		w.opts.Logf("result for %s/%d refused as invalid: %s", a.StepId, a.LeaseGeneration, a.Detail)
-		if !h.refusedInvalid {
-			h.refusedInvalid = true
-			h.result = resultFor(h.lease, nil, fmt.Errorf("invalid result: %s", a.Detail))
-			h.sentIn = 0
-		}
-		w.mu.Unlock()
-		w.flush()
-		return
 	}
 	delete(w.held, key)
 	w.mu.Unlock()

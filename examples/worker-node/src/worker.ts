@@ -51,7 +51,6 @@ interface Held {
   started: boolean; // false for a lease that arrived while draining: it is handed back
   result: StepResult | null; // set once the handler returned; kept until acked
   sentIn: number; // the session the result was last sent on (resent after a reconnect)
-  refusedInvalid: boolean;
 }
 
 const keyOf = (stepId: string, generation: string | number) => `${stepId}/${generation}`;
@@ -249,7 +248,7 @@ export class Worker extends EventEmitter {
       maxAttempts: l.max_attempts, reclaims: l.reclaims, leaseGeneration: l.lease_generation,
       input: fromValue(l.input), parents: fromStruct(l.parents), attemptDeadline: toDate(l.attempt_deadline),
     };
-    const h: Held = { lease, abort: new AbortController(), started: !this.draining, result: null, sentIn: 0, refusedInvalid: false };
+    const h: Held = { lease, abort: new AbortController(), started: !this.draining, result: null, sentIn: 0 };
     this.held.set(key, h);
     // While draining, the lease waits unanswered: it fills a slot, so nothing more is
     // pushed, whereas handing it back now would free the slot and bring it straight back.
@@ -294,17 +293,9 @@ export class Worker extends EventEmitter {
     const key = keyOf(a.step_id, a.lease_generation);
     const h = this.held.get(key);
     if (!h) return;
-    if (a.status === 'ACK_STATUS_INVALID') {
-      // The lease is still ours: answer once more with a failure that says why.
-      this.log(`result for ${key} refused as invalid: ${a.detail}`);
-      if (!h.refusedInvalid) {
-        h.refusedInvalid = true;
-        h.result = { step_id: h.lease.stepId, lease_generation: h.lease.leaseGeneration, failed: { message: `invalid result: ${a.detail}` } };
-        h.sentIn = 0;
-        this.flush();
-      }
-      return;
-    }
+    // Every ack ends the lease. INVALID means our answer was malformed and the server failed
+    // the attempt in its place: a bug in this worker, so it is logged as an error.
+    if (a.status === 'ACK_STATUS_INVALID') console.error(`cyclone: result for ${key} refused as invalid: ${a.detail}`);
     this.held.delete(key);
     if (a.status !== 'ACK_STATUS_APPLIED') this.log(`result for ${key} refused: ${a.status} ${a.detail}`);
     this.emit('ack', h.lease, a.status, a.detail);
