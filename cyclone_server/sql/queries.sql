@@ -113,4 +113,4 @@ SELECT * FROM cyclone_runs
  LIMIT %(limit)s;
 
 -- name: kinds_stats
-SELECT kind, available, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
+SELECT kind, available, scheduled, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
