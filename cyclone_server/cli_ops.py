@@ -248,8 +248,9 @@ async def cmd_workflows_get(c: Client, a: argparse.Namespace) -> int:
 
 async def cmd_stats(c: Client, a: argparse.Namespace) -> int:
     resp = await c.admin.GetStats(admin_pb2.GetStatsRequest(), timeout=c.timeout)
-    return show(a, resp, table(["KIND", "AVAILABLE", "RUNNING", "OLDEST AVAILABLE"], [
-        [k.kind, k.available, k.running, _age(k.oldest_available_age.ToTimedelta().total_seconds())]
+    # AVAILABLE is the backlog (claimable now); SCHEDULED waits for a later scheduled_at.
+    return show(a, resp, table(["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST AVAILABLE"], [
+        [k.kind, k.available, k.scheduled, k.running, _age(k.oldest_available_age.ToTimedelta().total_seconds())]
         for k in resp.kinds]))
 
 

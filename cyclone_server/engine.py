@@ -9,12 +9,13 @@ Postgres.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -505,14 +506,38 @@ class Engine:
         return row["deleted"]  # type: ignore[index]
 
     # -- reads ---------------------------------------------------------------------------
+    # A run read with its steps comes from one snapshot (DECISIONS 3b, "Reads are
+    # snapshots"): under READ COMMITTED each statement sees its own moment, and a transition
+    # committed between the run's statement and its steps' would show a run whose state
+    # contradicts its steps. One REPEATABLE READ transaction keeps the rows as typed as any
+    # other read (one statement aggregating the steps as JSON would turn their timestamps,
+    # ids and intervals into strings); the steps of a whole ListRuns page are one statement.
+
+    @contextlib.asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[Callable[..., Awaitable[psycopg.AsyncCursor[dict[str, Any]]]]]:
+        """Named queries that all see the database at one moment. Pipelined: a query is sent
+        when issued, and its cursor waits for its rows only when read, so the queries that
+        need no earlier answer share one round trip."""
+        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+            await conn.execute(Q["read_snapshot"])
+
+            async def issue(query: str, /, **params: Any) -> psycopg.AsyncCursor[dict[str, Any]]:
+                return await conn.cursor().execute(Q[query], params)
+
+            yield issue
 
     async def get_run(self, run_id: str, *, steps: bool = True) -> dict[str, Any]:
         rid = parse_id(run_id, "run_id")
-        row = await self._one("run_get", run_id=rid)
+        if not steps:
+            row = await self._one("run_get", run_id=rid)
+        else:
+            async with self._snapshot() as issue:
+                run, run_steps = await issue("run_get", run_id=rid), await issue("runs_steps", run_ids=[rid])
+                row = await run.fetchone()
+                if row is not None:
+                    row["steps"] = await run_steps.fetchall()
         if row is None:
             raise NotFound(f"run {run_id} not found")
-        if steps:
-            row["steps"] = await self._all("run_steps", run_id=rid)
         return row
 
     async def run_states(self, run_ids: Sequence[str]) -> dict[str, str]:
@@ -526,13 +551,19 @@ class Engine:
         for s in states:
             if s not in RUN_STATES:
                 raise InvalidArgument(f"states: {s!r} is not a run state")
-        rows = await self._all("runs_list", states=list(states), workflow=workflow or None,
-                               created_after=created_after, created_before=created_before,
-                               after_created=after[0] if after else None,
-                               after_id=uuid.UUID(after[1]) if after else None, limit=limit)
-        if steps:
-            for row in rows:
-                row["steps"] = await self._all("run_steps", run_id=row["id"])
+        params = {"states": list(states), "workflow": workflow or None, "created_after": created_after,
+                  "created_before": created_before, "after_created": after[0] if after else None,
+                  "after_id": uuid.UUID(after[1]) if after else None, "limit": limit}
+        if not steps:
+            return await self._all("runs_list", **params)
+        async with self._snapshot() as issue:
+            rows = await (await issue("runs_list", **params)).fetchall()
+            by_run: dict[uuid.UUID, list[dict[str, Any]]] = {row["id"]: [] for row in rows}
+            if by_run:
+                for step in await (await issue("runs_steps", run_ids=list(by_run))).fetchall():
+                    by_run[step["run_id"]].append(step)
+        for row in rows:
+            row["steps"] = by_run[row["id"]]
         return rows
 
     async def stats(self) -> list[dict[str, Any]]:

@@ -230,7 +230,9 @@ class Metrics:
             kinds, ok = [], 0
         elapsed = time.perf_counter() - start
         backlog = [
-            ("cyclone_available", "Steps available (including those scheduled later), by kind.", "available"),
+            ("cyclone_available", "Steps claimable now (the backlog), by kind.", "available"),
+            ("cyclone_scheduled", "Steps available but waiting for a later scheduled_at (backoff, snooze), by kind.",
+             "scheduled"),
             ("cyclone_running", "Steps running (leased), by kind.", "running"),
             ("cyclone_oldest_available_age_seconds",
              "Age of the oldest claimable step, by kind: the primary backlog indicator.", "oldest_available_age"),

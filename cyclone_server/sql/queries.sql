@@ -104,11 +104,16 @@ SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 -- name: run_get
 SELECT * FROM cyclone_runs WHERE id = %(run_id)s;
 
--- name: run_steps
+-- name: read_snapshot
+-- First statement of a read transaction: every later statement of it sees one snapshot.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: runs_steps
+-- The steps of some runs (a page of ListRuns, or one run), each run's in definition order.
 SELECT s.*,
        ARRAY(SELECT p.node FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
               WHERE d.step_id = s.id ORDER BY p.node) AS deps
-  FROM cyclone_steps s WHERE s.run_id = %(run_id)s ORDER BY s.position, s.id;
+  FROM cyclone_steps s WHERE s.run_id = ANY (%(run_ids)s) ORDER BY s.run_id, s.position, s.id;
 
 -- name: runs_states
 SELECT id, state FROM cyclone_runs WHERE id = ANY (%(run_ids)s);
@@ -124,4 +129,4 @@ SELECT * FROM cyclone_runs
  LIMIT %(limit)s;
 
 -- name: kinds_stats
-SELECT kind, available, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
+SELECT kind, available, scheduled, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;

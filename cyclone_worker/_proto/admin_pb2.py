@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63yclone/v1/admin.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\"\x11\n\x0fGetStatsRequest\"8\n\x10GetStatsResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.KindStats\"v\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration2N\n\x05\x41\x64min\x12\x45\n\x08GetStats\x12\x1b.cyclone.v1.GetStatsRequest\x1a\x1c.cyclone.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63yclone/v1/admin.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\"\x11\n\x0fGetStatsRequest\"8\n\x10GetStatsResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.KindStats\"\x89\x01\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tscheduled\x18\x05 \x01(\x03\x32N\n\x05\x41\x64min\x12\x45\n\x08GetStats\x12\x1b.cyclone.v1.GetStatsRequest\x1a\x1c.cyclone.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATSREQUEST']._serialized_end=87
   _globals['_GETSTATSRESPONSE']._serialized_start=89
   _globals['_GETSTATSRESPONSE']._serialized_end=145
-  _globals['_KINDSTATS']._serialized_start=147
-  _globals['_KINDSTATS']._serialized_end=265
-  _globals['_ADMIN']._serialized_start=267
-  _globals['_ADMIN']._serialized_end=345
+  _globals['_KINDSTATS']._serialized_start=148
+  _globals['_KINDSTATS']._serialized_end=285
+  _globals['_ADMIN']._serialized_start=287
+  _globals['_ADMIN']._serialized_end=365
 # @@protoc_insertion_point(module_scope)

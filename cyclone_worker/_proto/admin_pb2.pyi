@@ -20,13 +20,15 @@ class GetStatsResponse(_message.Message):
     def __init__(self, kinds: _Optional[_Iterable[_Union[KindStats, _Mapping]]] = ...) -> None: ...
 
 class KindStats(_message.Message):
-    __slots__ = ("kind", "available", "running", "oldest_available_age")
+    __slots__ = ("kind", "available", "running", "oldest_available_age", "scheduled")
     KIND_FIELD_NUMBER: _ClassVar[int]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     OLDEST_AVAILABLE_AGE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_FIELD_NUMBER: _ClassVar[int]
     kind: str
     available: int
     running: int
     oldest_available_age: _duration_pb2.Duration
-    def __init__(self, kind: _Optional[str] = ..., available: _Optional[int] = ..., running: _Optional[int] = ..., oldest_available_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    scheduled: int
+    def __init__(self, kind: _Optional[str] = ..., available: _Optional[int] = ..., running: _Optional[int] = ..., oldest_available_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., scheduled: _Optional[int] = ...) -> None: ...

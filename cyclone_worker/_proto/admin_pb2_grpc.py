@@ -48,8 +48,8 @@ class AdminServicer:
 
     def GetStats(self, request, context):
         """Returns the backlog per step kind (the database view cyclone_v_kinds): one entry
-        per kind that has at least one available or running step, ordered by kind. The
-        same numbers are exported as Prometheus metrics.
+        per kind that has at least one available (claimable now or scheduled for later) or
+        running step, ordered by kind. The same numbers are exported as Prometheus metrics.
 
         Errors: none beyond auth.
         """

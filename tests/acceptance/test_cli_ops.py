@@ -14,10 +14,12 @@ import select
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import timestamp_pb2
 
 from cyclone_server.engine import Engine
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
@@ -99,11 +101,18 @@ async def test_runs_list_get_and_stats(server: Any, stubs: Any, engine: Engine) 
     assert rows["extract"][3] == "completed" and rows["load"][3] == "available"
     assert json.loads(cli(server.address, "runs", "get", first, "--json").stdout)["id"] == first
 
+    # A job not claimable for an hour is not backlog: its kind shows nothing available.
+    later = timestamp_pb2.Timestamp()
+    later.FromDatetime(datetime.now(timezone.utc) + timedelta(hours=1))
+    await runs.Enqueue(runs_pb2.EnqueueRequest(kind="report", scheduled_at=later))
     stats = cli(server.address, "stats")
     assert stats.returncode == 0, stats.stderr
-    assert [line.split()[:3] for line in stats.stdout.splitlines()[1:]] == [["extract", "1", "0"], ["load", "1", "0"]]
+    assert stats.stdout.splitlines()[0].split() == ["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST", "AVAILABLE"]
+    figures = {words[0]: (words[1], words[3]) for words in map(str.split, stats.stdout.splitlines()[1:])}
+    assert figures == {"extract": ("1", "0"), "load": ("1", "0"), "report": ("0", "0")}  # (available, running)
     kinds = json.loads(cli(server.address, "stats", "--json").stdout)["kinds"]
-    assert {k["kind"]: k["available"] for k in kinds} == {"extract": "1", "load": "1"}  # int64 is a JSON string
+    # int64 is a JSON string; a zero is left out
+    assert {k["kind"]: k.get("available") for k in kinds} == {"extract": "1", "load": "1", "report": None}
 
 
 async def test_cancel_pause_resume(server: Any, stubs: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -67,13 +68,17 @@ async def test_backlog_per_kind_is_read_from_the_database_at_scrape_time(
     for kind, n in (("email", 3), ("resize", 2)):
         for i in range(n):
             await engine.enqueue(kind, input={"i": i})
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    await engine.enqueue("resize", scheduled_at=later)  # not claimable yet: scheduled, not backlog
     assert len(await engine.claim("w1", ["email"], 1, lease_ttl=30)) == 1
     await asyncio.sleep(0.01)  # the oldest available step is then measurably old
 
     samples = parse((await http_get(server.port))[2])
     assert samples['cyclone_available{kind="email"}'] == 2
+    assert samples['cyclone_scheduled{kind="email"}'] == 0
     assert samples['cyclone_running{kind="email"}'] == 1
     assert samples['cyclone_available{kind="resize"}'] == 2
+    assert samples['cyclone_scheduled{kind="resize"}'] == 1
     assert samples['cyclone_running{kind="resize"}'] == 0
     assert samples['cyclone_oldest_available_age_seconds{kind="resize"}'] > 0
     assert int(server.port) == int(server.address.rsplit(":", 1)[1])

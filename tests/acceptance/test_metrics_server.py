@@ -62,10 +62,14 @@ async def database_says(conn: psycopg.AsyncConnection) -> dict[str, float]:
             "SELECT s.kind, e ->> 'error_kind', count(*) FROM cyclone_steps s, jsonb_array_elements(s.errors) e "
             "GROUP BY 1, 2")).fetchall():
         expected[f'cyclone_failures_total{{kind="{kind}",error_kind="{error_kind}"}}'] = n
-    for kind, available, running in await (await conn.execute(
-            "SELECT kind, count(*) FILTER (WHERE state = 'available'), count(*) FILTER (WHERE state = 'running') "
+    # Available: claimable now; scheduled: waiting for a later scheduled_at (not backlog).
+    for kind, available, scheduled, running in await (await conn.execute(
+            "SELECT kind, count(*) FILTER (WHERE state = 'available' AND scheduled_at <= now()), "
+            "count(*) FILTER (WHERE state = 'available' AND scheduled_at > now()), "
+            "count(*) FILTER (WHERE state = 'running') "
             "FROM cyclone_steps WHERE state IN ('available', 'running') GROUP BY kind")).fetchall():
         expected[f'cyclone_available{{kind="{kind}"}}'] = available
+        expected[f'cyclone_scheduled{{kind="{kind}"}}'] = scheduled
         expected[f'cyclone_running{{kind="{kind}"}}'] = running
     return expected
 
@@ -142,6 +146,7 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
         await client.enqueue("slow")
         for n in range(N_BACKLOG):
             await client.enqueue("backlog", {"n": n})  # no worker runs this kind
+        await client.enqueue("backlog", {"n": "later"}, scheduled_at=3600)  # not claimable for an hour
         await client.enqueue("raw")
         assert await asyncio.wait_for(complete_and_replay(srv.address), DEADLINE) == (
             pb.ACK_STATUS_APPLIED, pb.ACK_STATUS_ENDED)
@@ -165,6 +170,8 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
         assert expected['cyclone_failures_total{kind="doomed",error_kind="permanent"}'] == 1
         assert expected['cyclone_failures_total{kind="hopeless",error_kind="max_attempts"}'] == 1
         assert expected['cyclone_available{kind="backlog"}'] == N_BACKLOG
+        assert expected['cyclone_scheduled{kind="backlog"}'] == 1
+        assert expected['cyclone_scheduled{kind="slow"}'] == 0
         assert expected['cyclone_running{kind="slow"}'] == 1
 
         expected["cyclone_connected_workers"] = 1  # the SDK worker; the raw stream has ended
@@ -183,7 +190,7 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
         # Nothing beyond what the database accounts for: no other kind, status or error_kind.
         counted = {k for k in last if k.startswith(("cyclone_claims_total{", "cyclone_completions_total{",
                                                     "cyclone_failures_total{", "cyclone_available{",
-                                                    "cyclone_running{"))}
+                                                    "cyclone_scheduled{", "cyclone_running{"))}
         assert counted == set(expected) - {"cyclone_reclaims_total", "cyclone_connected_workers"}
         assert last['cyclone_fenced_results_total{status="ended"}'] == 1
         assert not [k for k in last if k.startswith("cyclone_fenced_results_total") and "ended" not in k]
