@@ -259,4 +259,5 @@ def run_to_proto(row: dict[str, Any]) -> types_pb2.Run:
 
 def kind_stats_to_proto(row: dict[str, Any]) -> admin_pb2.KindStats:
     return admin_pb2.KindStats(kind=row["kind"], available=row["available"], running=row["running"],
+                               scheduled=row["scheduled"],
                                oldest_available_age=to_duration(row["oldest_available_age"] or timedelta(0)))

@@ -198,19 +198,22 @@ def _node_dict(n: types_pb2.Node) -> dict[str, Any]:
 
 @dataclass
 class KindStats:
-    """Backlog of one step kind (`Client.stats`); `oldest_available_age` in seconds.
+    """Backlog of one step kind (`Client.stats`): `available` (claimable now), `running`,
+    `scheduled` (waiting for a later scheduled_at: a backoff, a snooze, a scheduled job) and
+    `oldest_available_age` in seconds.
 
     Example::
 
         for k in await client.stats():
-            print(k.kind, k.available, k.running, k.oldest_available_age)
+            print(k.kind, k.available, k.scheduled, k.running, k.oldest_available_age)
     """
 
     kind: str
     available: int
     running: int
     oldest_available_age: float
+    scheduled: int = 0
 
     @classmethod
     def from_proto(cls, k: admin_pb2.KindStats) -> KindStats:
-        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age))
+        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled)

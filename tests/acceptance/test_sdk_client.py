@@ -70,7 +70,8 @@ async def test_wait_returns_the_unfinished_run_at_timeout_and_result_raises(clie
     with pytest.raises(TimeoutError):
         await client.result(run_id, timeout=0.3)
     stats = {k.kind: k for k in await client.stats()}
-    assert stats["nobody-runs-this"].available == 1 and stats["nobody-runs-this"].running == 0
+    k = stats["nobody-runs-this"]
+    assert (k.available, k.scheduled, k.running) == (0, 1, 0)  # not claimable for an hour: not backlog
 
 
 async def test_pause_resume_cancel(client: Client) -> None:
@@ -123,7 +124,8 @@ async def test_retry_and_retry_all_reopen_discarded_nodes(server: Any, client: C
         one = await client.enqueue("a")
         with pytest.raises(RunFailed):
             await client.result(one, timeout=DEADLINE)
-        assert (await client.retry(one, "a")).state == "running"
+        # The run as it stands after the retry: reopened, or already completed by the worker.
+        assert (await client.retry(one, "a")).state in ("running", "completed")
         assert await client.result(one, timeout=DEADLINE) == {"a": "a ok"}
 
         calls.clear()

@@ -163,7 +163,7 @@ def test_run_row_to_proto() -> None:
 
 
 def test_kind_stats_to_proto() -> None:
-    k = convert.kind_stats_to_proto({"kind": "email", "available": 3, "running": 1,
+    k = convert.kind_stats_to_proto({"kind": "email", "available": 3, "running": 1, "scheduled": 2,
                                      "oldest_available_age": timedelta(seconds=1.5)})
-    assert (k.kind, k.available, k.running) == ("email", 3, 1)
+    assert (k.kind, k.available, k.running, k.scheduled) == ("email", 3, 1, 2)
     assert k.oldest_available_age.ToTimedelta() == timedelta(seconds=1.5)
