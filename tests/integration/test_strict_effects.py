@@ -4,14 +4,16 @@ and the dispatcher's wake-up at the next due time."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from engine_helpers import claim_one, run_row, start, states, step, task
 
 from cyclone_server.dispatch import Dispatcher, WorkerConn
-from cyclone_server.engine import Engine, Result
+from cyclone_server.engine import Engine, Job, Result
 
 pytestmark = pytest.mark.statemachine
 
@@ -101,3 +103,45 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     # A worker without free slots asks for nothing.
     conn.slots = 1
     assert await dispatcher._pass() is None
+
+
+async def test_a_mixed_batch_gets_the_per_result_statuses_of_the_set_based_and_the_per_step_paths(
+        engine: Engine, conn) -> None:
+    jobs = [(await engine.enqueue("job", input=i))[0] for i in range(3)]
+    dag = await start(engine, [task("a"), task("b", "a")])
+    leases = {str(r["run_id"]): r for r in await engine.claim("w", ["job", "a"], 10, 30)}
+    j0, j1, j2, a = (leases[jobs[0]], leases[jobs[1]], leases[jobs[2]], leases[dag])
+
+    def res(lease, outcome="completed", gen=None, **kw):
+        return Result(str(lease["step_id"]), lease["lease_generation"] if gen is None else gen, outcome, **kw)
+
+    statuses = await engine.apply_results([
+        res(j0, output="zero"),                  # a job: set-based
+        res(j1, output="one"), res(j1, output="again"),  # answered twice: applied, then ended
+        res(j2, gen=7, output="stale"),          # another generation: refused
+        res(a, output={"x": 1}),                 # a step of a larger run: per step, promotes b
+        res(j2, "failed", message="nope"),       # a failure: per step
+    ])
+    assert [s for _, _, s in statuses] == ["applied", "applied", "ended", "stale", "applied", "retried"]
+    assert [(await run_row(conn, r))["state"] for r in jobs] == ["completed", "completed", "running"]
+    assert (await run_row(conn, jobs[0]))["result"] == {"job": "zero"}
+    assert (await run_row(conn, jobs[1]))["result"] == {"job": "one"}
+    assert await states(conn, dag) == {"a": "completed", "b": "available"}
+
+
+async def test_racing_batches_apply_each_job_completion_exactly_once(engine: Engine, conn) -> None:
+    for i in range(0, 400, 100):
+        await engine.enqueue_many([Job("race", input=i + k) for k in range(100)])
+    leases = await engine.claim("w", ["race"], 400, 60)
+    answers = [Result(str(r["step_id"]), r["lease_generation"], "completed", output=str(r["step_id"]))
+               for r in leases] * 3  # every lease answered three times, in batches that race
+    random.Random(7).shuffle(answers)
+    batches = [answers[i:i + 50] for i in range(0, len(answers), 50)]
+    results = await asyncio.gather(*(engine.apply_results(b) for b in batches))
+    applied = [sid for rows in results for sid, _, status in rows if status == "applied"]
+    assert sorted(applied) == sorted(str(r["step_id"]) for r in leases)  # once each
+    assert {s for rows in results for _, _, s in rows} <= {"applied", "ended"}
+    cur = await conn.execute("SELECT count(*) FROM cyclone_runs WHERE state = 'completed'"
+                             " AND result = jsonb_build_object('race', (SELECT s.id::text FROM cyclone_steps s"
+                             "                                           WHERE s.run_id = cyclone_runs.id))")
+    assert (await cur.fetchone())[0] == 400

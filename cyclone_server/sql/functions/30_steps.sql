@@ -215,8 +215,18 @@ END $$;
 --  "output_bytes" (compact JSON size), "message", "permanent", "retry_delay_ms", "delay_ms"}.
 -- One row per element, `idx` its 1-based position: two answers to one lease each get their
 -- own status (the first applied, the later ones 'ended').
--- Runs are locked in id order; after the first, without waiting: a result whose run is
--- busy comes back as 'busy' for the caller to apply again on its own.
+--
+-- The runs of the batch are locked first, in id order: the first waiting, the others
+-- without (SKIP LOCKED). A result whose run is busy comes back as 'busy' for the caller to
+-- apply again; so the batch never waits holding a lock, and transitions never deadlock.
+--
+-- Then the common case, a completion that ends a standalone job (its run's only step), is
+-- applied set-based: one UPDATE of the steps and one of their runs for the whole batch,
+-- with the same guards and effects as the per-result path (cyclone__step_complete:
+-- running under this generation, output stored, run completed with {node: output}). Every
+-- other result (failures, snoozes, steps of larger or child runs, oversized outputs, a lease
+-- answered twice in the batch) goes through the per-result functions, in input order.
+--
 -- `ended_child_run`: set when this result ended a child run, whose parent node the caller
 -- settles in a new transaction once this one committed (cyclone_child_runs_settle).
 DROP FUNCTION IF EXISTS cyclone_results_apply(jsonb, integer);
@@ -227,11 +237,48 @@ SET enable_seqscan = off  -- as cyclone_steps_claim; it holds for the functions 
 AS $$
 DECLARE
     x record;
-    locked uuid;
-    first boolean := true;
-    busy uuid;
-    is_child boolean;
+    runs uuid[];
+    locked uuid[];
+    fast integer[];
 BEGIN
+    SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
+      FROM jsonb_array_elements(p_results) e JOIN cyclone_steps s ON s.id = (e ->> 'step_id')::uuid;
+    IF runs IS NOT NULL THEN
+        PERFORM 1 FROM cyclone_runs r WHERE r.id = runs[1] FOR NO KEY UPDATE;
+        SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}') INTO locked
+          FROM (SELECT r.id FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) ORDER BY r.id
+                   FOR NO KEY UPDATE SKIP LOCKED) l;
+    END IF;
+
+    WITH b AS (
+        SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
+               COALESCE(e.v -> 'output', 'null'::jsonb) AS output,
+               count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
+          FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+         WHERE e.v ->> 'outcome' = 'completed' AND (e.v ->> 'output_bytes')::integer <= p_max_output_bytes
+    ), done AS (
+        UPDATE cyclone_steps s
+           SET state = 'completed', output = b.output, finished_at = now()
+          FROM b, cyclone_runs r
+         WHERE s.id = b.sid AND b.answers = 1
+           AND s.state = 'running' AND s.lease_generation = b.gen
+           AND s.run_id = ANY (locked) AND r.id = s.run_id
+           AND r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
+           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id)
+        RETURNING s.run_id, s.node, s.output, b.i
+    ), ended AS (
+        UPDATE cyclone_runs r
+           SET state = 'completed', finished_at = now(), updated_at = now(),
+               paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
+          FROM done d
+         WHERE r.id = d.run_id
+        RETURNING r.id
+    )
+    SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
+    IF fast IS NOT NULL THEN
+        PERFORM pg_notify('cyclone_run_ended', '');
+    END IF;
+
     FOR x IN
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                e.v AS e, s.run_id
@@ -243,46 +290,30 @@ BEGIN
         step_id := x.sid;
         lease_generation := x.gen;
         ended_child_run := NULL;
-        IF x.run_id IS NULL THEN
+        IF x.i = ANY (COALESCE(fast, '{}')) THEN
+            status := 'applied';
+        ELSIF x.run_id IS NULL THEN
             status := 'unknown';
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        IF x.run_id IS DISTINCT FROM locked THEN
-            IF first THEN
-                SELECT r.parent_run_id IS NOT NULL INTO is_child
-                  FROM cyclone_runs r WHERE r.id = x.run_id FOR NO KEY UPDATE;
-            ELSE
-                SELECT r.parent_run_id IS NOT NULL INTO is_child
-                  FROM cyclone_runs r WHERE r.id = x.run_id FOR NO KEY UPDATE SKIP LOCKED;
-            END IF;
-            first := false;
-            IF NOT FOUND THEN
-                busy := x.run_id;
-            ELSE
-                locked := x.run_id;
-            END IF;
-        END IF;
-        IF x.run_id = busy THEN
+        ELSIF NOT x.run_id = ANY (locked) THEN
             status := 'busy';
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        status := CASE x.e ->> 'outcome'
-            WHEN 'completed' THEN
-                cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes,
-                                       (x.e ->> 'output_bytes')::integer)
-            WHEN 'failed' THEN
-                cyclone__step_fail(x.run_id, x.sid, x.gen, x.e ->> 'message',
-                                   COALESCE((x.e ->> 'permanent')::boolean, false),
-                                   make_interval(secs => (x.e ->> 'retry_delay_ms')::float8 / 1000))
-            WHEN 'snoozed' THEN
-                cyclone__step_snooze(x.run_id, x.sid, x.gen,
-                                     make_interval(secs => COALESCE((x.e ->> 'delay_ms')::float8, 0) / 1000))
-            ELSE 'invalid' END;
-        IF is_child AND status IN ('applied', 'discarded', 'output_too_large') THEN
-            SELECT r.id INTO ended_child_run FROM cyclone_runs r
-             WHERE r.id = x.run_id AND r.state IN ('completed', 'failed', 'cancelled');
+        ELSE
+            status := CASE x.e ->> 'outcome'
+                WHEN 'completed' THEN
+                    cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes,
+                                           (x.e ->> 'output_bytes')::integer)
+                WHEN 'failed' THEN
+                    cyclone__step_fail(x.run_id, x.sid, x.gen, x.e ->> 'message',
+                                       COALESCE((x.e ->> 'permanent')::boolean, false),
+                                       make_interval(secs => (x.e ->> 'retry_delay_ms')::float8 / 1000))
+                WHEN 'snoozed' THEN
+                    cyclone__step_snooze(x.run_id, x.sid, x.gen,
+                                         make_interval(secs => COALESCE((x.e ->> 'delay_ms')::float8, 0) / 1000))
+                ELSE 'invalid' END;
+            IF status IN ('applied', 'discarded', 'output_too_large') THEN
+                SELECT r.id INTO ended_child_run FROM cyclone_runs r
+                 WHERE r.id = x.run_id AND r.parent_run_id IS NOT NULL
+                   AND r.state IN ('completed', 'failed', 'cancelled');
+            END IF;
         END IF;
         RETURN NEXT;
     END LOOP;
