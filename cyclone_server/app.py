@@ -201,18 +201,25 @@ class CycloneServer:
         m.add_source(refresh)
 
     async def stop(self) -> None:
-        """Graceful stop: no new work, running handlers get `grace` seconds, then close.
+        """Graceful stop: no new work, running handlers and calls get `grace` seconds, then close.
 
-        Stops only what start() got to, so a failed start cleans up too.
+        In order: health turns NOT_SERVING (load balancers drain the server); new unary calls
+        are UNAVAILABLE and WaitRun calls answer at once with the run as it stands; calls in
+        flight and worker results get up to `grace` seconds, calls still running then are
+        answered UNAVAILABLE (never the CANCELLED of a bare server.stop, which no client
+        retries); worker streams end UNAVAILABLE. Stops only what start() got to, so a
+        failed start cleans up too.
         """
         await self.health.enter_graceful_shutdown()
+        if self.runs is not None:
+            self.runs.close()
+        draining = [self.gate.close(self.settings.grace)]
+        if "hub" in self._started and self.hub is not None:
+            draining.append(self.hub.stop(self.settings.grace))
+        await asyncio.gather(*draining)
         if self.metrics_server is not None:
             await self.metrics_server.close()
             self.metrics_server = None
-        if self.runs is not None:
-            self.runs.close()
-        if "hub" in self._started and self.hub is not None:
-            await self.hub.stop(self.settings.grace)
         if "background" in self._started and self.background is not None:
             await self.background.stop()
         if "server" in self._started and self.server is not None:
