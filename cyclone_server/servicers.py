@@ -37,6 +37,16 @@ Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
 
 
+# Status details travel in a header, which gRPC clients refuse beyond 16 KiB (the client
+# then sees RESOURCE_EXHAUSTED instead of the error); messages may quote the caller's input.
+MAX_DETAILS = 1000
+
+
+def status_details(message: str) -> str:
+    """An error message short enough for a status header: quoted input is cut, not the whole answer."""
+    return message if len(message) <= MAX_DETAILS else message[:MAX_DETAILS] + f"... ({len(message)} characters)"
+
+
 def rpc(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
     """Maps errors of one RPC handler to gRPC statuses."""
 
@@ -45,12 +55,13 @@ def rpc(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             return await fn(self, request, context)
         except CycloneError as e:
-            await context.abort(e.status, e.message)
+            await context.abort(e.status, status_details(e.message))
         except psycopg.DataError as e:
             # A value Postgres (or psycopg, before sending it) cannot take that no check above
             # caught: still the caller's input.
             log.warning("%s: data exception: %s", fn.__name__, e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid value: {e.diag.message_primary or e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                status_details(f"invalid value: {e.diag.message_primary or e}"))
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
             # The database is down or unreachable: the client may retry, here or elsewhere.
             log.warning("%s: database unavailable: %s", fn.__name__, e)

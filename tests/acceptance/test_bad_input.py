@@ -365,3 +365,19 @@ async def test_worker_messages_that_do_not_parse_end_the_stream_with_invalid_arg
                 assert msg is not grpc.aio.EOF, "the stream ended OK"
         assert e.value.code() == INVALID, e.value.details()
         assert "not a valid protobuf message" in (e.value.details() or "")
+
+
+async def test_errors_quoting_huge_input_stay_readable(wf: workflows_pb2_grpc.WorkflowsStub,
+                                                       runs: runs_pb2_grpc.RunsStub) -> None:
+    # Status details travel in a header that clients refuse beyond 16 KiB: an error quoting
+    # a 300 kB value would reach the client as RESOURCE_EXHAUSTED instead of the error.
+    await register(wf, "w", N(id="a"))
+    run_id = (await runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="w"))).run_id
+    huge = "y" * 300_000
+    for call in (runs.RetryStep(runs_pb2.RetryStepRequest(run_id=run_id, node=huge)),
+                 runs.Enqueue(runs_pb2.EnqueueRequest(kind=huge)),
+                 runs.GetRun(runs_pb2.GetRunRequest(run_id=huge))):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call
+        assert e.value.code() in (INVALID, NOT_FOUND), e.value.details()
+        assert len(e.value.details() or "") < 1100 and "characters)" in (e.value.details() or "")
