@@ -16,7 +16,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import psycopg
@@ -108,13 +108,18 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
 
 class _StrictContext:
-    """A stream's context whose read() ends the call with INVALID_ARGUMENT on a message that does not parse."""
+    """A stream's context whose read() ends the call with INVALID_ARGUMENT on a message that
+    does not parse, and whose abort() keeps the details short enough for a status header."""
 
     def __init__(self, context: grpc.aio.ServicerContext) -> None:
         self._context = context
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *args: Any, **kwargs: Any) -> NoReturn:
+        await self._context.abort(code, status_details(details), *args, **kwargs)
+        raise AssertionError("unreachable: context.abort raises")
 
     async def read(self) -> Any:
         msg = await self._context.read()

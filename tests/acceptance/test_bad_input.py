@@ -12,7 +12,8 @@ import pytest
 from google.protobuf import duration_pb2
 
 from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, to_timestamp
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workflows_pb2, workflows_pb2_grpc
+from cyclone_worker._proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
+                                   workflows_pb2_grpc)
 
 from rpc_descriptors import DURATION, TIMESTAMP, field_at, time_fields, unary_rpcs
 from waits_helpers import secs
@@ -381,3 +382,12 @@ async def test_errors_quoting_huge_input_stay_readable(wf: workflows_pb2_grpc.Wo
             await call
         assert e.value.code() in (INVALID, NOT_FOUND), e.value.details()
         assert len(e.value.details() or "") < 1100 and "characters)" in (e.value.details() or "")
+
+
+async def test_worker_stream_errors_quoting_huge_input_stay_readable(channel: grpc.aio.Channel) -> None:
+    stream = workers_pb2_grpc.WorkersStub(channel).Connect()
+    await stream.write(workers_pb2.WorkerMessage(hello=workers_pb2.Hello(worker_id="w", kinds=["k" * 300_000], slots=1)))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stream.read()
+    assert e.value.code() == INVALID, e.value.details()
+    assert "hello.kinds" in (e.value.details() or "") and len(e.value.details() or "") < 1100
