@@ -42,7 +42,7 @@ KNOWN_IDS: list[str] = []
 KNOWN_NAMES = ["fz", "fz-wait", "canary", "fz-job", "a", "go", "sig", "w"]
 
 
-def _known_id(i: int) -> str:
+def known_id(i: int) -> str:
     return KNOWN_IDS[i % len(KNOWN_IDS)] if KNOWN_IDS else str(uuid.UUID(int=i))
 
 
@@ -71,7 +71,7 @@ def texts() -> st.SearchStrategy[str]:
     """Names, ids (known, random, malformed), unicode, NUL characters and huge strings."""
     return st.one_of(
         st.sampled_from(KNOWN_NAMES),
-        st.integers(0, 10**9).map(_known_id),
+        st.integers(0, 10**9).map(known_id),
         st.uuids().map(str),
         st.text(max_size=20),
         st.text(alphabet=st.characters(codec="utf-8"), max_size=50),
@@ -146,7 +146,7 @@ def scalar(field: FieldDescriptor) -> st.SearchStrategy[Any]:
     if t == FieldDescriptor.TYPE_STRING:
         # Mostly what the field expects, so that requests get past the first check.
         if field.name.endswith("id") or field.name.endswith("ids"):
-            return st.one_of(st.integers(0, 10**9).map(_known_id), texts())
+            return st.one_of(st.integers(0, 10**9).map(known_id), texts())
         if field.name in ("name", "kind", "kinds", "workflow", "node", "signal", "deps", "name_prefix"):
             return st.one_of(st.sampled_from(KNOWN_NAMES), texts())
         return texts()
@@ -232,15 +232,21 @@ def messages(cls: type[Message], **overrides: st.SearchStrategy[Filler]) -> st.S
     return fillers(cls.DESCRIPTOR, overrides=overrides or None).map(build)
 
 
-def mutated(raw: bytes, data: st.DataObject) -> bytes:
-    """`raw` cut short, with a byte changed, or with garbage appended."""
-    how = data.draw(st.sampled_from(["cut", "flip", "append"]))
-    if how == "cut" and raw:
-        return raw[:data.draw(st.integers(0, len(raw) - 1))]
-    if how == "flip" and raw:
-        i = data.draw(st.integers(0, len(raw) - 1))
-        return raw[:i] + bytes([raw[i] ^ data.draw(st.integers(1, 255))]) + raw[i + 1:]
-    return raw + data.draw(st.binary(min_size=1, max_size=16))
+def _mutate(how: str, at: float, xor: int, garbage: bytes) -> Callable[[bytes], bytes]:
+    def mutate(raw: bytes) -> bytes:
+        i = int(at * len(raw))
+        if how == "cut" and raw:
+            return raw[:i]
+        if how == "flip" and raw:
+            return raw[:i] + bytes([raw[i] ^ xor]) + raw[i + 1:]
+        return raw + garbage
+    return mutate
+
+
+def mutations() -> st.SearchStrategy[Callable[[bytes], bytes]]:
+    """Functions that cut a message's bytes short, change one byte, or append garbage."""
+    return st.builds(_mutate, st.sampled_from(["cut", "flip", "append"]), st.floats(0, 1, exclude_max=True),
+                     st.integers(1, 255), st.binary(min_size=1, max_size=16))
 
 
 # -- one server per module, and the canary -----------------------------------------------
@@ -305,9 +311,9 @@ class Canary:
             time.sleep(0.02)
 
     def check(self) -> None:
-        run_id = self.runs.Enqueue(runs_pb2.EnqueueRequest(kind=self.KIND, input=py_to_value(self.completed)),
-                                   timeout=10).run_id
-        KNOWN_IDS.append(run_id)
+        job = self.runs.Enqueue(runs_pb2.EnqueueRequest(kind=self.KIND, input=py_to_value(self.completed)), timeout=10)
+        run_id = job.run_id
+        KNOWN_IDS.extend([run_id, job.step_id])
         answer = self.runs.WaitRun(runs_pb2.WaitRunRequest(run_id=run_id, timeout=to_duration(30)), timeout=40)
         assert answer.run.state == types_pb2.RUN_STATE_COMPLETED, f"the canary job did not complete: {answer.run}"
         self.completed += 1

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cyclone_server.convert import py_to_value
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
-from fuzz_helpers import KNOWN_IDS, fuzz_server, messages, mutated  # noqa: F401  (fuzz_server: a fixture)
+from fuzz_helpers import KNOWN_IDS, fuzz_server, messages, mutations  # noqa: F401  (fuzz_server: a fixture)
 from rpc_descriptors import Rpc, unary_rpcs
 
 RPCS = unary_rpcs()
@@ -70,7 +70,7 @@ def test_unary_rpcs_never_answer_internal_or_unknown(seeded: Any, data: st.DataO
     request = data.draw(messages(rpc.request), label="request")
     with grpc.insecure_channel(seeded.address, options=[("grpc.max_send_message_length", -1)]) as channel:
         if data.draw(st.integers(1, 10), label="mangle") == 10:  # one in ten, roughly
-            call(channel, rpc, mutated(request.SerializeToString(), data), raw=True)
+            call(channel, rpc, data.draw(mutations(), label="mutation")(request.SerializeToString()), raw=True)
         else:
             call(channel, rpc, request, raw=False)
     seeded.canary.check()
