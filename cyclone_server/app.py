@@ -24,7 +24,8 @@ from .hub import WorkerHub
 from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
-from .servicers import AdminServicer, CallGate, Registrar, WorkflowsServicer
+from .handlers import CallGate, Registrar
+from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
 
 log = logging.getLogger("cyclone.server")
