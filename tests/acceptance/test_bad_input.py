@@ -316,13 +316,14 @@ def nested(depth: int, kind: str) -> Any:
 
 
 async def test_requests_that_do_not_parse_are_invalid_argument(channel: grpc.aio.Channel) -> None:
-    # Not grpcio's UNKNOWN: a truncated varint, a tag without its value, a string that is
-    # not UTF-8 (field 1 of every request that has one).
+    # Not grpcio's UNKNOWN: a truncated varint, a tag without its value, strings that are
+    # not UTF-8 (a stray byte; a UTF-16 surrogate, U+D800, encoded as UTF-8) in field 1 of
+    # every request whose field 1 is a string.
     for rpc in unary_rpcs():
         call = rpc.callable(channel, raw=True)
         bodies = [b"\xff\xff\xff\xff", b"\x08"]
         if rpc.request.DESCRIPTOR.fields and rpc.request.DESCRIPTOR.fields[0].type == 9:  # TYPE_STRING
-            bodies.append(b"\x0a\x01\xff")
+            bodies += [b"\x0a\x01\xff", b"\x0a\x03\xed\xa0\x80"]
         for body in bodies:
             try:
                 await expect(call(body), INVALID, "request: not a valid protobuf message")
