@@ -207,9 +207,9 @@ class CycloneServer:
         In order: health turns NOT_SERVING (load balancers drain the server); new unary calls
         are UNAVAILABLE and WaitRun calls answer at once with the run as it stands; calls in
         flight and worker results get up to `grace` seconds, calls still running then are
-        answered UNAVAILABLE (never the CANCELLED of a bare server.stop, which no client
-        retries); worker streams end UNAVAILABLE. Stops only what start() got to, so a
-        failed start cleans up too.
+        answered UNAVAILABLE (not left to server.stop, whose cut may reach the client as
+        CANCELLED, which no client retries); worker streams end UNAVAILABLE. Stops only
+        what start() got to, so a failed start cleans up too.
         """
         await self.health.enter_graceful_shutdown()
         if self.runs is not None:

@@ -43,7 +43,8 @@ class Unparsable:
 
     def __init__(self, error: Exception) -> None:
         reason = str(error) or type(error).__name__
-        # A decoder's depth limit is the one way a well-formed request fails to parse.
+        # The decoder's recursion limit (upb says "Exceeded upb_DecodeOptions_MaxDepth"): a
+        # payload nested too deep, which the caller can fix knowing the limit.
         hint = (f"; JSON payloads may nest at most {MAX_JSON_DEPTH} levels of arrays and objects"
                 if "depth" in reason.lower() else "")
         self.message = f"request: not a valid protobuf message ({reason}){hint}"
@@ -93,10 +94,11 @@ async def _strict_iterator(requests: AsyncIterator[Any], context: grpc.aio.Servi
 class CallGate:
     """The unary calls in flight, so that a graceful stop answers each of them.
 
-    grpc's server.stop(grace) answers calls still running at the end CANCELLED, which no
-    client retries. Once `close()` starts, a new call is UNAVAILABLE at once; calls in
-    flight may finish until the grace period ends, and those still running then are cut
-    short with UNAVAILABLE.
+    grpc's server.stop(grace) cuts the calls still running when its grace ends, and what
+    the client then sees depends on timing (CANCELLED, which no client retries, or
+    UNAVAILABLE). Once `close()` starts, a new call is UNAVAILABLE at once; calls in
+    flight may finish until the grace period ends, and those still running then are
+    answered UNAVAILABLE here, before server.stop runs.
     """
 
     def __init__(self) -> None:
