@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
@@ -24,6 +24,7 @@ from .hub import WorkerHub
 from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
+from .handlers import CallGate, Registrar
 from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
 
@@ -95,6 +96,7 @@ class CycloneServer:
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runs: RunsServicer | None = None
+        self.gate = CallGate()  # unary calls of Cyclone's services, answered at a graceful stop
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
         self._started: list[str] = []
@@ -153,18 +155,23 @@ class CycloneServer:
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
         self.engine.available_listeners.append(self.hub.wake)
         self.runs = RunsServicer(self.engine, self.notifier)
-        workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), server)
-        runs_pb2_grpc.add_RunsServicer_to_server(self.runs, server)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), server)
+        # Every service registers through a Registrar: a request that does not parse is
+        # INVALID_ARGUMENT. Cyclone's unary calls pass the gate; health and reflection keep
+        # answering while the server drains (health says NOT_SERVING then).
+        cyclone, plain = Registrar(server, self.gate), Registrar(server)
+        workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), cyclone)
+        runs_pb2_grpc.add_RunsServicer_to_server(self.runs, cyclone)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), cyclone)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,
                                      retention_default_age=s.retention_default_age)
-        self.hub.add_to_server(server)
+        self.hub.add_to_server(cyclone)  # type: ignore[arg-type]  # its stream is not gated: it has its own stop
         self._export_metrics()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, plain)
+        # What reflection.enable_server_reflection does for an asyncio server, through the Registrar.
+        reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection.aio.ReflectionServicer(
+            (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)),
+            plain)
         return server
 
     def _export_metrics(self) -> None:
@@ -189,18 +196,25 @@ class CycloneServer:
         m.add_source(refresh)
 
     async def stop(self) -> None:
-        """Graceful stop: no new work, running handlers get `grace` seconds, then close.
+        """Graceful stop: no new work, running handlers and calls get `grace` seconds, then close.
 
-        Stops only what start() got to, so a failed start cleans up too.
+        In order: health turns NOT_SERVING (load balancers drain the server); new unary calls
+        are UNAVAILABLE and WaitRun calls answer at once with the run as it stands; calls in
+        flight and worker results get up to `grace` seconds, calls still running then are
+        answered UNAVAILABLE (not left to server.stop, whose cut may reach the client as
+        CANCELLED, which no client retries); worker streams end UNAVAILABLE. Stops only
+        what start() got to, so a failed start cleans up too.
         """
         await self.health.enter_graceful_shutdown()
+        if self.runs is not None:
+            self.runs.close()
+        draining = [self.gate.close(self.settings.grace)]
+        if "hub" in self._started and self.hub is not None:
+            draining.append(self.hub.stop(self.settings.grace))
+        await asyncio.gather(*draining)
         if self.metrics_server is not None:
             await self.metrics_server.close()
             self.metrics_server = None
-        if self.runs is not None:
-            self.runs.close()
-        if "hub" in self._started and self.hub is not None:
-            await self.hub.stop(self.settings.grace)
         if "background" in self._started and self.background is not None:
             await self.background.stop()
         if "server" in self._started and self.server is not None:

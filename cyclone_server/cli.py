@@ -69,7 +69,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help='when serving, write {"address": "HOST:PORT", "pid": N} here (with --metrics-listen, '
                         'also "metrics_address": the bound HOST:PORT)')
     p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
-                   help="on SIGTERM, how long running handlers may finish")
+                   help="on SIGTERM, how long running handlers and calls in flight may finish")
     p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")
     metrics.add_arguments(p)
     auth.add_arguments(p)

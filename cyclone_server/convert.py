@@ -19,6 +19,12 @@ from cyclone_worker._proto import admin_pb2, types_pb2
 from .errors import InvalidArgument
 
 _EXACT_INT = 2**53
+# Arrays and objects a JSON payload may nest. Protobuf decoders stop at 100 message levels
+# (upb, C++, Java): about 33 levels of JSON objects, since each is three messages (Value,
+# Struct, map entry). A payload travels inside other messages, and a run's result wraps
+# outputs in one more object per workflow level (child runs), so the limit leaves room for
+# that: whatever is accepted can be read back by every client and worker.
+MAX_JSON_DEPTH = 24
 
 # -- enums ---------------------------------------------------------------------------
 
@@ -46,7 +52,18 @@ def run_state_name(value: int, field: str = "states") -> str:
 
 
 def value_to_py(value: struct_pb2.Value, field: str = "value") -> Any:
-    """google.protobuf.Value -> JSON-compatible Python. NaN and infinities are INVALID_ARGUMENT."""
+    """google.protobuf.Value -> JSON-compatible Python.
+
+    NaN and infinities are INVALID_ARGUMENT, and so is nesting deeper than MAX_JSON_DEPTH.
+    """
+    return _value_to_py(value, field, 0)
+
+
+def struct_to_py(struct: struct_pb2.Struct, field: str = "value") -> dict[str, Any]:
+    return _struct_to_py(struct, field, 1)
+
+
+def _value_to_py(value: struct_pb2.Value, field: str, depth: int) -> Any:
     kind = value.WhichOneof("kind")
     if kind is None or kind == "null_value":
         return None
@@ -59,13 +76,16 @@ def value_to_py(value: struct_pb2.Value, field: str = "value") -> Any:
         return _storable(value.string_value, field)
     if kind == "bool_value":
         return value.bool_value
+    if depth >= MAX_JSON_DEPTH:
+        raise InvalidArgument(f"{field}: nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects, "
+                              "the limit of a JSON payload")
     if kind == "struct_value":
-        return struct_to_py(value.struct_value, field)
-    return [value_to_py(v, field) for v in value.list_value.values]
+        return _struct_to_py(value.struct_value, field, depth + 1)
+    return [_value_to_py(v, field, depth + 1) for v in value.list_value.values]
 
 
-def struct_to_py(struct: struct_pb2.Struct, field: str = "value") -> dict[str, Any]:
-    return {_storable(k, field): value_to_py(v, field) for k, v in struct.fields.items()}
+def _struct_to_py(struct: struct_pb2.Struct, field: str, depth: int) -> dict[str, Any]:
+    return {_storable(k, field): _value_to_py(v, field, depth) for k, v in struct.fields.items()}
 
 
 def _storable(text: str, field: str) -> str:
@@ -107,14 +127,37 @@ def py_to_value(obj: Any, out: struct_pb2.Value | None = None) -> struct_pb2.Val
 # -- times ---------------------------------------------------------------------------
 
 
-def duration_seconds(msg: Any, name: str, *, field: str | None = None, positive: bool = False) -> float | None:
-    """A Duration field in seconds; None when unset. Negative (or zero with `positive`) is INVALID_ARGUMENT."""
+# The ranges that google/protobuf/duration.proto and timestamp.proto define. Values outside
+# them are not durations or times at all (and overflow datetime arithmetic).
+DURATION_MAX_SECONDS = 315_576_000_000  # 10,000 years
+TIMESTAMP_MIN_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
+TIMESTAMP_MAX_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+_NANOS = 1_000_000_000
+
+
+def duration_seconds(msg: Any, name: str, *, field: str | None = None, positive: bool = False,
+                     maximum: float | None = None) -> float | None:
+    """A request's Duration field in seconds; None when unset.
+
+    The one reader of request Durations: out of protobuf's range, negative (or zero with
+    `positive`) or over `maximum` is INVALID_ARGUMENT naming the field.
+    """
     if not msg.HasField(name):
         return None
     d = getattr(msg, name)
+    label = field or name
+    if not -DURATION_MAX_SECONDS <= d.seconds <= DURATION_MAX_SECONDS:
+        raise InvalidArgument(f"{label}: seconds out of range (a Duration is at most {DURATION_MAX_SECONDS} s "
+                              f"either way), got {d.seconds}")
+    if not -_NANOS < d.nanos < _NANOS:
+        raise InvalidArgument(f"{label}: nanos out of range (-999999999 to 999999999), got {d.nanos}")
+    if (d.seconds > 0 and d.nanos < 0) or (d.seconds < 0 and d.nanos > 0):
+        raise InvalidArgument(f"{label}: seconds and nanos have different signs ({d.seconds}, {d.nanos})")
     seconds = d.seconds + d.nanos / 1e9
     if seconds < 0 or (positive and seconds == 0):
-        raise InvalidArgument(f"{field or name}: must be {'> 0' if positive else '>= 0'}, got {seconds:g} s")
+        raise InvalidArgument(f"{label}: must be {'> 0' if positive else '>= 0'}, got {seconds:g} s")
+    if maximum is not None and seconds > maximum:
+        raise InvalidArgument(f"{label}: {seconds:g} s is more than the limit of {maximum:g} s")
     return seconds
 
 
@@ -127,11 +170,22 @@ def to_duration(seconds: float | timedelta) -> duration_pb2.Duration:
     return d
 
 
-def timestamp_dt(msg: Any, name: str) -> datetime | None:
-    """A Timestamp field as an aware UTC datetime; None when unset."""
+def timestamp_dt(msg: Any, name: str, *, field: str | None = None) -> datetime | None:
+    """A request's Timestamp field as an aware UTC datetime; None when unset.
+
+    The one reader of request Timestamps: outside protobuf's range (years 1 to 9999, nanos
+    in [0, 1e9)) is INVALID_ARGUMENT naming the field.
+    """
     if not msg.HasField(name):
         return None
-    return getattr(msg, name).ToDatetime(tzinfo=timezone.utc)
+    ts = getattr(msg, name)
+    label = field or name
+    if not TIMESTAMP_MIN_SECONDS <= ts.seconds <= TIMESTAMP_MAX_SECONDS:
+        raise InvalidArgument(f"{label}: seconds out of range (a Timestamp is between 0001-01-01 and 9999-12-31), "
+                              f"got {ts.seconds}")
+    if not 0 <= ts.nanos < _NANOS:
+        raise InvalidArgument(f"{label}: nanos out of range (0 to 999999999), got {ts.nanos}")
+    return ts.ToDatetime(tzinfo=timezone.utc)
 
 
 def to_timestamp(dt: datetime) -> timestamp_pb2.Timestamp:

@@ -23,6 +23,7 @@ from cyclone_worker._proto import admin_pb2, admin_pb2_grpc, workflows_pb2, work
 from . import convert, definitions
 from .engine import Engine, parse_id
 from .errors import CycloneError, InvalidArgument
+from .handlers import status_details
 
 log = logging.getLogger("cyclone.api")
 
@@ -40,12 +41,13 @@ def rpc(fn: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             return await fn(self, request, context)
         except CycloneError as e:
-            await context.abort(e.status, e.message)
+            await context.abort(e.status, status_details(e.message))
         except psycopg.DataError as e:
             # A value Postgres (or psycopg, before sending it) cannot take that no check above
             # caught: still the caller's input.
             log.warning("%s: data exception: %s", fn.__name__, e)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid value: {e.diag.message_primary or e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                status_details(f"invalid value: {e.diag.message_primary or e}"))
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
             # The database is down or unreachable: the client may retry, here or elsewhere.
             log.warning("%s: database unavailable: %s", fn.__name__, e)
@@ -92,13 +94,11 @@ def non_negative(value: int, field: str) -> int:
 def deadline_of(request: Any, *, field: str = "deadline", field_in: str = "deadline_in") -> datetime | None:
     """An absolute deadline from a request's deadline / deadline_in pair (at most one, in the future)."""
     absolute = convert.timestamp_dt(request, field)
-    relative = convert.duration_seconds(request, field_in, positive=True)
+    relative = convert.duration_seconds(request, field_in, positive=True, maximum=MAX_DEADLINE_IN)
     if absolute is not None and relative is not None:
         raise InvalidArgument(f"{field}, {field_in}: give at most one of them")
     now = datetime.now(timezone.utc)
     if relative is not None:
-        if relative > MAX_DEADLINE_IN:
-            raise InvalidArgument(f"{field_in}: {relative:g} s is more than the limit of {MAX_DEADLINE_IN:g} s")
         return now + timedelta(seconds=relative)
     if absolute is not None and absolute <= now:
         raise InvalidArgument(f"{field}: {absolute.isoformat()} is not in the future")

@@ -13,7 +13,7 @@ import grpc
 
 from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
 
-from . import convert
+from . import convert, definitions
 from .batching import EnqueueBatcher
 from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
@@ -183,7 +183,8 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
     @rpc
     async def PurgeTerminalRuns(self, request: runs_pb2.PurgeTerminalRunsRequest,
                                 context: grpc.aio.ServicerContext) -> runs_pb2.PurgeTerminalRunsResponse:
-        older_than = convert.duration_seconds(request, "older_than")
+        # Further back than a century is before any run (and far enough overflows Postgres).
+        older_than = convert.duration_seconds(request, "older_than", maximum=definitions.MAX_SECONDS)
         if older_than is None:
             raise InvalidArgument("older_than: required")
         limit = non_negative(request.limit, "limit") or PURGE_DEFAULT

@@ -11,9 +11,11 @@ import psycopg
 import pytest
 from google.protobuf import duration_pb2
 
-from cyclone_server.convert import py_to_value, to_timestamp
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
+from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, to_timestamp
+from cyclone_worker._proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
+                                   workflows_pb2_grpc)
 
+from rpc_descriptors import DURATION, TIMESTAMP, field_at, time_fields, unary_rpcs
 from waits_helpers import secs
 
 INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
@@ -196,6 +198,9 @@ async def test_list_wait_purge_bad_arguments(runs: runs_pb2_grpc.RunsStub) -> No
     await expect(runs.PurgeTerminalRuns(P()), INVALID, "older_than: required")
     await expect(runs.PurgeTerminalRuns(P(older_than=secs(-1))), INVALID, "older_than")
     await expect(runs.PurgeTerminalRuns(P(older_than=secs(1), limit=-1)), INVALID, "limit")
+    # Within Duration's range, but before any run (and before what Postgres can compute).
+    await expect(runs.PurgeTerminalRuns(P(older_than=duration_pb2.Duration(seconds=315_576_000_000))),
+                 INVALID, "older_than", "limit")
 
 
 async def test_actions_forbidden_by_state_change_nothing(wf: workflows_pb2_grpc.WorkflowsStub,
@@ -240,3 +245,150 @@ async def test_payload_limit_follows_the_flag(start_server: Callable[..., Any], 
         ok = await stub.Enqueue(runs_pb2.EnqueueRequest(kind="k", input=py_to_value("q" * 50)))
         assert ok.created
     assert await count(conn, "cyclone_runs") == 1
+
+
+def valid_requests(run_id: str) -> dict[str, dict[str, Any]]:
+    """Fields of a request that each unary RPC takes (up to the database), by RPC name."""
+    return {
+        "RegisterWorkflow": {"name": "w", "nodes": [N(id="a")]},
+        "GetWorkflow": {"name": "w"},
+        "ListWorkflows": {},
+        "SubmitRun": {"workflow": "w"},
+        "Enqueue": {"kind": "k"},
+        "EnqueueMany": {"jobs": [E(kind="k")]},
+        "GetRun": {"run_id": run_id},
+        "ListRuns": {},
+        "WaitRun": {"run_id": run_id, "timeout": secs(0)},
+        "CancelRun": {"run_id": run_id},
+        "PauseRun": {"run_id": run_id},
+        "ResumeRun": {"run_id": run_id},
+        "RetryStep": {"run_id": run_id, "node": "a"},
+        "RetryAll": {"run_id": run_id},
+        "Signal": {"run_id": run_id, "name": "go"},
+        "PurgeTerminalRuns": {"older_than": secs(1)},
+        "GetStats": {},
+    }
+
+
+# (seconds, nanos) outside the ranges of google/protobuf/duration.proto and timestamp.proto.
+OUT_OF_RANGE = {
+    DURATION: [(2**62, 0), (-(2**62), 0), (315_576_000_001, 0), (0, 10**9), (0, -(10**9)), (5, -1)],
+    TIMESTAMP: [(2**62, 0), (-62_135_596_801, 0), (253_402_300_800, 0), (0, -1), (0, 10**9)],
+}
+
+
+async def test_out_of_range_durations_and_timestamps_anywhere_are_invalid_argument_naming_the_field(
+        channel: grpc.aio.Channel, wf: workflows_pb2_grpc.WorkflowsStub, runs: runs_pb2_grpc.RunsStub,
+        conn: psycopg.AsyncConnection) -> None:
+    # Every Duration and Timestamp of every unary request, found in the descriptors: a new
+    # field is covered without editing this test (a new RPC needs a line in valid_requests).
+    await register(wf, "w", N(id="a"))
+    run_id = (await runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="w"))).run_id
+    valid = valid_requests(run_id)
+    rpcs = unary_rpcs()
+    assert {r.name for r in rpcs} == set(valid)
+    fields = 0
+    for rpc in rpcs:
+        call = rpc.callable(channel)
+        for path, type_name in time_fields(rpc.request.DESCRIPTOR):
+            fields += 1
+            for seconds, nanos in OUT_OF_RANGE[type_name]:
+                request = rpc.request(**valid[rpc.name])
+                bad = field_at(request, path)
+                bad.seconds, bad.nanos = seconds, nanos
+                try:
+                    message = await expect(call(request), INVALID, path[-1])
+                    assert "out of range" in message or "different signs" in message, message
+                except AssertionError as e:
+                    raise AssertionError(f"{rpc.name} {'.'.join(path)} = ({seconds}, {nanos}): {e}") from None
+    assert fields >= 20
+    assert await count(conn, "cyclone_runs") == 1 and await count(conn, "cyclone_workflows") == 1
+
+
+def nested(depth: int, kind: str) -> Any:
+    """A Value nested `depth` levels deep in arrays or objects, built in place (copying it would parse it)."""
+    request = runs_pb2.SubmitRunRequest(workflow="w")
+    v = request.input
+    for _ in range(depth):
+        v = v.list_value.values.add() if kind == "list" else v.struct_value.fields["k"]
+    v.number_value = 1
+    return request
+
+
+async def test_requests_that_do_not_parse_are_invalid_argument(channel: grpc.aio.Channel) -> None:
+    # Not grpcio's UNKNOWN: a truncated varint, a tag without its value, strings that are
+    # not UTF-8 (a stray byte; a UTF-16 surrogate, U+D800, encoded as UTF-8) in field 1 of
+    # every request whose field 1 is a string.
+    for rpc in unary_rpcs():
+        call = rpc.callable(channel, raw=True)
+        bodies = [b"\xff\xff\xff\xff", b"\x08"]
+        if rpc.request.DESCRIPTOR.fields and rpc.request.DESCRIPTOR.fields[0].type == 9:  # TYPE_STRING
+            bodies += [b"\x0a\x01\xff", b"\x0a\x03\xed\xa0\x80"]
+        for body in bodies:
+            try:
+                await expect(call(body), INVALID, "request: not a valid protobuf message")
+            except AssertionError as e:
+                raise AssertionError(f"{rpc.name} {body!r}: {e}") from None
+    health = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=None)
+    await expect(health(b"\x08"), INVALID, "request: not a valid protobuf message")
+
+
+async def test_json_nesting_limit(wf: workflows_pb2_grpc.WorkflowsStub, runs: runs_pb2_grpc.RunsStub,
+                                  conn: psycopg.AsyncConnection) -> None:
+    await register(wf, "w", N(id="a"))
+    # Deeper than protobuf decodes (about 33 objects): refused while parsing.
+    await expect(runs.SubmitRun(nested(40, "struct")), INVALID, "not a valid protobuf message",
+                 f"at most {MAX_JSON_DEPTH} levels")
+    # Decodable, but deeper than the limit, which leaves room for the messages a payload travels in.
+    for kind in ("struct", "list"):
+        await expect(runs.SubmitRun(nested(MAX_JSON_DEPTH + 1, kind)), INVALID,
+                     "input", f"nested deeper than {MAX_JSON_DEPTH} levels")
+    assert await count(conn, "cyclone_runs") == 0
+    # At the limit: accepted, and read back (a step output nests the same levels plus one).
+    run_id = (await runs.SubmitRun(nested(MAX_JSON_DEPTH, "struct"))).run_id
+    run = await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
+    assert run.input == nested(MAX_JSON_DEPTH, "struct").input
+
+
+async def test_worker_messages_that_do_not_parse_end_the_stream_with_invalid_argument(
+        channel: grpc.aio.Channel) -> None:
+    connect = channel.stream_stream("/cyclone.v1.Workers/Connect", request_serializer=None,
+                                    response_deserializer=workers_pb2.ServerMessage.FromString)
+    hello = workers_pb2.WorkerMessage(hello=workers_pb2.Hello(worker_id="w1", kinds=["k"], slots=1))
+    for first, then in ((b"\x08", None), (hello.SerializeToString(), b"\xff\xff\xff\xff")):
+        call = connect()
+        await call.write(first)
+        if then is not None:
+            assert (await call.read()).HasField("welcome")
+            await call.write(then)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            while True:
+                msg = await call.read()
+                assert msg is not grpc.aio.EOF, "the stream ended OK"
+        assert e.value.code() == INVALID, e.value.details()
+        assert "not a valid protobuf message" in (e.value.details() or "")
+
+
+async def test_errors_quoting_huge_input_stay_readable(wf: workflows_pb2_grpc.WorkflowsStub,
+                                                       runs: runs_pb2_grpc.RunsStub) -> None:
+    # Status details travel in a header that clients refuse beyond 16 KiB: an error quoting
+    # a 300 kB value would reach the client as RESOURCE_EXHAUSTED instead of the error.
+    await register(wf, "w", N(id="a"))
+    run_id = (await runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="w"))).run_id
+    huge = "y" * 300_000
+    for call in (runs.RetryStep(runs_pb2.RetryStepRequest(run_id=run_id, node=huge)),
+                 runs.Enqueue(runs_pb2.EnqueueRequest(kind=huge)),
+                 runs.GetRun(runs_pb2.GetRunRequest(run_id=huge))):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call
+        assert e.value.code() in (INVALID, NOT_FOUND), e.value.details()
+        assert len(e.value.details() or "") < 1100 and "characters)" in (e.value.details() or "")
+
+
+async def test_worker_stream_errors_quoting_huge_input_stay_readable(channel: grpc.aio.Channel) -> None:
+    stream = workers_pb2_grpc.WorkersStub(channel).Connect()
+    await stream.write(workers_pb2.WorkerMessage(hello=workers_pb2.Hello(worker_id="w", kinds=["k" * 300_000], slots=1)))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stream.read()
+    assert e.value.code() == INVALID, e.value.details()
+    assert "hello.kinds" in (e.value.details() or "") and len(e.value.details() or "") < 1100

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from cyclone_server import convert, definitions
 from cyclone_server.errors import InvalidArgument
@@ -61,6 +61,63 @@ def test_durations_and_timestamps() -> None:
     assert convert.to_duration(0.25).nanos == 250_000_000
     req2 = runs_pb2.SubmitRunRequest(deadline=convert.to_timestamp(T0))
     assert convert.timestamp_dt(req2, "deadline") == T0
+
+
+@pytest.mark.parametrize(("seconds", "nanos", "words"), [
+    (2**62, 0, "seconds out of range"), (-(2**62), 0, "seconds out of range"),
+    (convert.DURATION_MAX_SECONDS + 1, 0, "seconds out of range"),
+    (0, 10**9, "nanos out of range"), (0, -(10**9), "nanos out of range"), (3, -1, "seconds and nanos have different signs"),
+])
+def test_durations_outside_protobufs_range_are_invalid_argument_naming_the_field(
+        seconds: int, nanos: int, words: str) -> None:
+    req = runs_pb2.WaitRunRequest(timeout=duration_pb2.Duration(seconds=seconds, nanos=nanos))
+    with pytest.raises(InvalidArgument, match=f"^jobs\\[0\\].timeout: {words}"):
+        convert.duration_seconds(req, "timeout", field="jobs[0].timeout")
+
+
+def test_duration_edges_and_maximum() -> None:
+    top = runs_pb2.WaitRunRequest(timeout=duration_pb2.Duration(seconds=convert.DURATION_MAX_SECONDS))
+    assert convert.duration_seconds(top, "timeout") == convert.DURATION_MAX_SECONDS
+    with pytest.raises(InvalidArgument, match="^timeout: .* more than the limit of 60 s"):
+        convert.duration_seconds(top, "timeout", maximum=60)
+
+
+@pytest.mark.parametrize(("seconds", "nanos", "words"), [
+    (2**62, 0, "seconds out of range"), (convert.TIMESTAMP_MIN_SECONDS - 1, 0, "seconds out of range"),
+    (convert.TIMESTAMP_MAX_SECONDS + 1, 0, "seconds out of range"),
+    (0, -1, "nanos out of range"), (0, 10**9, "nanos out of range"),
+])
+def test_timestamps_outside_years_1_to_9999_are_invalid_argument_naming_the_field(
+        seconds: int, nanos: int, words: str) -> None:
+    req = runs_pb2.ListRunsRequest(created_after=timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos))
+    with pytest.raises(InvalidArgument, match=f"^created_after: {words}"):
+        convert.timestamp_dt(req, "created_after")
+
+
+def test_timestamp_edges() -> None:
+    first = runs_pb2.ListRunsRequest(created_after=timestamp_pb2.Timestamp(seconds=convert.TIMESTAMP_MIN_SECONDS))
+    assert convert.timestamp_dt(first, "created_after") == datetime(1, 1, 1, tzinfo=timezone.utc)
+    last = runs_pb2.ListRunsRequest(created_after=timestamp_pb2.Timestamp(
+        seconds=convert.TIMESTAMP_MAX_SECONDS, nanos=999_999_999))
+    assert convert.timestamp_dt(last, "created_after") == datetime(9999, 12, 31, 23, 59, 59, 999999,
+                                                                   tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("kind", ["list", "struct"])
+def test_json_nesting_limit(kind: str) -> None:
+    def nested(depth: int) -> struct_pb2.Value:
+        root = v = struct_pb2.Value()
+        for _ in range(depth):
+            v = v.list_value.values.add() if kind == "list" else v.struct_value.fields["k"]
+        v.string_value = "leaf"
+        return root
+
+    assert convert.value_to_py(nested(convert.MAX_JSON_DEPTH)) is not None
+    with pytest.raises(InvalidArgument, match=f"^input: nested deeper than {convert.MAX_JSON_DEPTH} levels"):
+        convert.value_to_py(nested(convert.MAX_JSON_DEPTH + 1), "input")
+    if kind == "struct":  # a Struct counts as the first level
+        with pytest.raises(InvalidArgument, match="^input: nested deeper"):
+            convert.struct_to_py(nested(convert.MAX_JSON_DEPTH + 1).struct_value, "input")
 
 
 def test_run_state_names_map_to_enum_and_back() -> None:
