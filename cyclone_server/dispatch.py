@@ -157,11 +157,7 @@ def invalid_result(step_id: str, generation: int, why: str) -> Result:
 
 def _delay(msg: Any, name: str, field: str) -> float | None:
     """A worker's Duration in seconds (None when unset), within [0, MAX_DELAY_SECONDS]."""
-    seconds = duration_seconds(msg, name, field=field)
-    if seconds is not None and not seconds <= MAX_DELAY_SECONDS:
-        raise InvalidArgument(f"{field}: must be at most {MAX_DELAY_SECONDS:.0f} seconds (100 years), "
-                              f"got {seconds:g} s")
-    return seconds
+    return duration_seconds(msg, name, field=field, maximum=MAX_DELAY_SECONDS)
 
 
 # The ack detail of each SQL status: the kind of applied result, or why it was refused.

@@ -77,7 +77,7 @@ async def test_a_malformed_answer_is_acked_invalid_naming_the_field_and_fails_th
     (lease,) = await w.leases(1)
     await w.send(make(lease))
     (a,) = await w.acks(1)
-    assert a.status == pb.ACK_STATUS_INVALID and field in a.detail and "the attempt failed" in a.detail
+    assert a.status == pb.ACK_STATUS_INVALID and field in a.detail and "the attempt failed" in a.detail, a.detail
     # The lease is over on both sides: the attempt failed and will be retried; a second
     # answer to the same lease is refused.
     step = await step_row(engine, job.run_id)
