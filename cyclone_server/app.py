@@ -63,6 +63,10 @@ class Settings:
     ready_file: str | None = None
     grace: float = 10.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    # Share the port with other processes (SO_REUSEPORT): only for `--processes N`, whose
+    # children bind one port together. Off otherwise, so that a stray process on the same
+    # port cannot silently take half of the connections.
+    reuse_port: bool = False
     # "HOST:PORT" for GET /metrics (Prometheus text); None: no metrics endpoint.
     metrics_listen: str | None = None
     # From auth.server_security: the token interceptor (when tokens are configured) and
@@ -143,7 +147,7 @@ class CycloneServer:
         s = self.settings
         assert self.engine is not None and self.notifier is not None
         server = grpc.aio.server(interceptors=s.interceptors, options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if s.reuse_port else 0),
             # No size limit on messages (only protobuf's 2 GiB): every size that matters is
             # checked on the decoded field, where the answer can name it (an input over the
             # payload limit is INVALID_ARGUMENT; on the worker stream an output over it
@@ -245,12 +249,12 @@ class CycloneServer:
             await self.stop()
 
 
-def write_ready_file(path: str, address: str, metrics_address: str | None = None) -> None:
-    """{"address", "pid"} (and "metrics_address", the bound HOST:PORT of --metrics-listen, e.g. with port 0)
-    written atomically, so a reader never sees half a file."""
+def write_ready_file(path: str, address: str, metrics_address: str | None = None, **extra: object) -> None:
+    """{"address", "pid"} (and "metrics_address", the bound HOST:PORT of --metrics-listen, e.g. with port 0,
+    and any `extra` fields) written atomically, so a reader never sees half a file."""
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    ready: dict[str, object] = {"address": address, "pid": os.getpid()}
+    ready: dict[str, object] = {"address": address, "pid": os.getpid(), **extra}
     if metrics_address is not None:
         ready["metrics_address"] = metrics_address
     tmp.write_text(json.dumps(ready))

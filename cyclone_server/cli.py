@@ -71,6 +71,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long running handlers and calls in flight may finish")
     p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")
+    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                   help="run N server processes sharing the port (SO_REUSEPORT), one per core to use; "
+                        "with --metrics-listen HOST:PORT, process i serves metrics on PORT+i")
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set by --processes
     metrics.add_arguments(p)
     auth.add_arguments(p)
     add_log_flag(p)
@@ -101,7 +105,7 @@ def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Setti
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
         max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen,
-        interceptors=interceptors, credentials=credentials,
+        interceptors=interceptors, credentials=credentials, reuse_port=args.reuse_port,
     )
 
 
@@ -109,8 +113,15 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def run_server(settings: Settings) -> int:
+def run_server(settings: Settings, args: argparse.Namespace | None = None, argv: Sequence[str] = ()) -> int:
+    """Serve until SIGTERM; with `--processes N` (in `args`), N processes on one port."""
     try:
+        if args is not None and args.processes > 1:
+            from .processes import run_processes
+            return run_processes(argv, processes=args.processes, database_url=settings.database_url,
+                                 listen=settings.listen, migrate_first=settings.migrate,
+                                 ready_file=settings.ready_file, metrics_listen=settings.metrics_listen,
+                                 server_id=settings.server_id)
         asyncio.run(CycloneServer(settings).serve_forever())
     except KeyboardInterrupt:  # a second Ctrl-C cut the graceful stop short
         return 130
@@ -125,9 +136,10 @@ def server_main(argv: Sequence[str] | None = None) -> int:
     """`cyclone-server` / `python -m cyclone_server`."""
     p = argparse.ArgumentParser(prog="cyclone-server", description="Cyclone's gRPC control plane.")
     add_server_flags(p)
-    args = p.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(raw)
     setup_logging(args.log_level)
-    return run_server(settings_from(args, p))
+    return run_server(settings_from(args, p), args, raw)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     setup_logging(args.log_level)
     if args.command == "server":
-        return run_server(settings_from(args, sub.choices["server"]))
+        raw = list(sys.argv[1:] if argv is None else argv)
+        return run_server(settings_from(args, sub.choices["server"]), args, raw[raw.index("server") + 1:])
     if args.command == "migrate":
         if not args.database_url:
             mig.error("--database-url (or CYCLONE_DATABASE_URL) is required")
