@@ -1,11 +1,13 @@
 """A pure-Python model of "Lifecycle of a Run" (the spec) and DECISIONS 3 / 3b.
 
 It is a second statement of the document, written from it rather than from the SQL, and
-test_model.py checks the engine against it after every action. It covers task, sleep and
-signal nodes (child nodes are left out: they settle in a transaction of their own), fail-fast
-and CancelBranch containment, attempts and reclaims, snoozes, pause and resume, Cancel,
-Retry / RetryAll, the signal mailbox and timers. Time is left out too: the test makes every
-backoff and snooze due before a claim, and a timer or lease expires only when it says so.
+test_model.py checks the engine against it after every action. It covers task, sleep,
+signal and child nodes, fail-fast and CancelBranch containment, attempts and reclaims,
+snoozes, pause and resume, Cancel, Retry / RetryAll, the signal mailbox, timers and child
+runs. Time is left out: the test makes every backoff and snooze due before a claim, and a
+timer or lease expires only when it says so. The child scanners (a child node whose child
+run ended; a retried child node that starts waiting again) are `settle_children`, which
+the test runs on both sides after every action.
 
 Each action returns what the engine must answer: a result status ('applied', 'retried',
 'discarded', 'snoozed', 'stale', 'ended'), True / False for a run action that changed
@@ -15,73 +17,16 @@ something or found the run already so, or REFUSED where the state forbids the ac
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from typing import Any
 
-REFUSED = "refused"  # FAILED_PRECONDITION
-TERMINAL = frozenset({"completed", "discarded", "cancelled"})
-# The state a node enters once all its deps completed (or at submit, with no deps).
-ENTRY = {"task": "available", "sleep": "waiting_timer", "signal": "waiting_signal"}
-# What Pause moves to paused ("available, waiting_signal, waiting_timer, waiting_child").
-PAUSABLE = frozenset({"available", "waiting_timer", "waiting_signal"})
+from model_runs import ENTRY, PAUSABLE, REFUSED, TERMINAL, Node, Run, Step
 
-
-@dataclass(frozen=True)
-class Node:
-    """One node of a workflow definition."""
-
-    id: str
-    type: str = "task"  # task | sleep | signal
-    deps: tuple[str, ...] = ()
-    cancel_branch: bool = False  # OnDepFailure(CancelBranch)
-    max_attempts: int = 3
-    max_reclaims: int = 1
-    signal: str | None = None  # a signal node's signal name
-
-
-@dataclass
-class Step:
-    node: Node
-    state: str
-    attempt: int = 1
-    reclaims: int = 0
-    snoozes: int = 0
-    generation: int = 0
-    error_kind: str | None = None  # set on a discard only
-    # Why it was cancelled and by which discarded node: Retry of that node reopens it.
-    cancel_cause: str | None = None
-    cancelled_by: str | None = None
-    # Signal nodes: the order in which they take signals (the moment they started waiting,
-    # then the node id). A moment is a transaction: one action of the model.
-    wait_key: tuple[int, str] | None = None
-    timer_due: bool = False  # a sleep node whose timer has run out
-    lease_expired: bool = False
-    output: Any = None
-
-
-@dataclass
-class Run:
-    nodes: list[Node]
-    state: str = "running"
-    failed_by: str | None = None  # the discarded node whose uncontained discard failed the run
-    steps: dict[str, Step] = field(default_factory=dict)  # in definition order
-    mailbox: list[tuple[str, Any]] = field(default_factory=list)  # unconsumed (name, payload), oldest first
-
-    def dependents(self, node: str) -> list[Step]:
-        """Every step downstream of `node`, transitively, in definition order."""
-        down: set[str] = set()
-        frontier = {node}
-        while frontier:
-            frontier = {n.id for n in self.nodes if set(n.deps) & frontier} - down
-            down |= frontier
-        return [s for s in self.steps.values() if s.node.id in down]
-
-    def deps_completed(self, step: Step) -> bool:
-        return all(self.steps[d].state == "completed" for d in step.node.deps)
+__all__ = ["Model"]
 
 
 class Model:
-    """The runs of one test, by run id, and every transition of the document over them."""
+    """The runs of one test, by run id, and every transition of the document over them.
+    A child run's id is made here: "<parent run id>/<node>/<n>"."""
 
     def __init__(self) -> None:
         self.runs: dict[str, Run] = {}
@@ -101,13 +46,31 @@ class Model:
         if step.node.type == "signal":
             step.wait_key = (self.now, step.node.id)
             self._deliver(run)  # a signal already in the mailbox is taken at once
+        elif step.node.type == "child":
+            self._attach(run, step)
 
-    def _promote(self, run: Run) -> None:
+    def _attach(self, run: Run, step: Step) -> None:
+        """A child node starts waiting: it starts its child run in the same transaction, or,
+        retried, reuses the one it has (DECISIONS 3b): a completed one gives its result (the
+        child scanner ends the node), a failed one reopens, a cancelled one is replaced."""
+        child = self.runs.get(step.child_run or "")
+        if child is not None and child.state != "cancelled":
+            if child.state == "failed":
+                self._reopen(child, {n for n, s in child.steps.items() if s.state == "discarded"})
+            return
+        run_id = next(k for k, r in self.runs.items() if r is run)
+        key = f"{run_id}/{step.node.id}/{sum(1 for r in self.runs.values() if r.parent == (run_id, step.node.id))}"
+        self._begin(key, list(step.node.child), parent=(run_id, step.node.id))
+        step.child_run = key
+
+    def _promote(self, run: Run, *, children: bool = True) -> None:
         """Each pending step whose deps all completed becomes claimable (or starts waiting).
-        A paused run starts no new work: Resume promotes."""
+        A paused run starts no new work: Resume promotes. Retry leaves its child nodes to
+        the child scanner (children=False)."""
         if run.state != "running":
             return
-        ready = [s for s in run.steps.values() if s.state == "pending" and run.deps_completed(s)]
+        ready = [s for s in run.steps.values() if s.state == "pending" and run.deps_completed(s)
+                 and (children or s.node.type != "child")]
         for s in ready:
             if s.state == "pending":
                 self._enter(run, s)
@@ -124,10 +87,15 @@ class Model:
         self._settle(run)
 
     def _cancel(self, steps: list[Step], cause: str, by: str | None) -> None:
-        """Cancellation affects only non-terminal steps."""
+        """Cancellation affects only non-terminal steps. A cancelled child node cancels its
+        active child run in the same transaction."""
         for s in steps:
             if s.state not in TERMINAL:
                 s.state, s.cancel_cause, s.cancelled_by = "cancelled", cause, by
+                child = self.runs.get(s.child_run or "")
+                if child is not None and child.state in ("running", "paused"):
+                    self._cancel(list(child.steps.values()), "parent", None)
+                    child.state = "cancelled"
 
     def _discard(self, run: Run, step: Step, error_kind: str) -> None:
         """Discard, then fail-fast unless every node downstream declared CancelBranch (a node
@@ -161,17 +129,17 @@ class Model:
     # -- runs begin ----------------------------------------------------------------------
 
     def submit(self, run_id: str, nodes: list[Node]) -> None:
-        """A run begins in state running; a step with no deps starts in its entry state."""
         self._tick()
-        run = Run(nodes)
+        self._begin(run_id, nodes)
+
+    def _begin(self, run_id: str, nodes: list[Node], parent: tuple[str, str] | None = None) -> None:
+        """A run begins in state running; a step with no deps starts in its entry state."""
+        run = self.runs[run_id] = Run(nodes, parent=parent)
         for n in nodes:
             run.steps[n.id] = Step(n, "pending")
         for s in run.steps.values():
             if not s.node.deps:
-                s.state = ENTRY[s.node.type]
-                if s.node.type == "signal":
-                    s.wait_key = (self.now, s.node.id)
-        self.runs[run_id] = run
+                self._enter(run, s)
 
     # -- leases --------------------------------------------------------------------------
 
@@ -240,7 +208,7 @@ class Model:
         reclaims + 1), or dead-lettered after max_reclaims reclaims; a due timer completes
         its node. Neither wait completes in a paused run."""
         self._tick()
-        for run in self.runs.values():
+        for run in list(self.runs.values()):
             for step in run.steps.values():
                 if step.state == "running" and step.lease_expired:
                     step.lease_expired = False
@@ -250,10 +218,39 @@ class Model:
                         step.reclaims += 1
                         self._back_from_running(run, step)
         self._tick()
-        for run in self.runs.values():
-            for step in list(run.steps.values()):
+        for run in list(self.runs.values()):
+            for step in run.steps.values():
                 if run.state == "running" and step.state == "waiting_timer" and step.timer_due:
                     self._complete(run, step, None)
+        self.settle_children()
+
+    def settle_children(self) -> None:
+        """The child scanners, each a transaction of its own after the one that ended a child
+        run (or retried a child node): a retried child node whose deps are complete starts
+        waiting (reusing its child run); a waiting child node whose child run ended ends."""
+        self._tick()
+        for run in list(self.runs.values()):
+            if run.state == "running":
+                for step in run.steps.values():
+                    if step.node.type == "child" and step.state == "pending" and run.deps_completed(step):
+                        self._enter(run, step)
+        self._tick()
+        for run in list(self.runs.values()):
+            if run.state == "running":
+                self._settle_children_of(run)
+
+    def _settle_children_of(self, run: Run) -> None:
+        """The child run completed: the node completes with its result. It failed or was
+        cancelled: the node is discarded (permanent), and OnDepFailure applies."""
+        for step in run.steps.values():
+            child = self.runs.get(step.child_run or "")
+            if step.state != "waiting_child" or child is None:
+                continue
+            if child.state == "completed":
+                leaves = [n.id for n in child.nodes if not any(n.id in m.deps for m in child.nodes)]
+                self._complete(run, step, {n: child.steps[n].output for n in leaves})
+            elif child.state in ("failed", "cancelled"):
+                self._discard(run, step, "permanent")
 
     # -- run actions ---------------------------------------------------------------------
 
@@ -294,17 +291,23 @@ class Model:
         for s in run.steps.values():
             if s.state == "paused":
                 s.state = ENTRY[s.node.type]
+        self._settle_children_of(run)  # child runs that ended during the pause
         self._deliver(run)
         self._promote(run)
         return True
 
     def retry(self, run_id: str, node: str | None) -> bool | str:
-        """Reopen one discarded node, or all of them, with a fresh attempt budget; the steps
-        their discards cancelled (fail-fast, branch) reopen with their counters kept."""
+        """Reopen one discarded node, or all of them (a running, paused or failed run). A
+        child run reopens only while its parent node still waits for it (DECISIONS 3b: else
+        the Retry of that node is what reopens it)."""
         self._tick()
         run = self.runs[run_id]
         if run.state not in ("running", "paused", "failed"):
             return REFUSED
+        if run.parent is not None:
+            parent_node = self.runs[run.parent[0]].steps[run.parent[1]]
+            if parent_node.child_run != run_id or parent_node.state not in ("waiting_child", "paused"):
+                return REFUSED
         if node is not None:
             if run.steps[node].state != "discarded":
                 return REFUSED
@@ -316,6 +319,12 @@ class Model:
             targets = {n for n, s in run.steps.items() if s.state == "discarded"}
             if not targets:
                 return REFUSED
+        self._reopen(run, targets)
+        return True
+
+    def _reopen(self, run: Run, targets: set[str]) -> None:
+        """The target discards get a fresh attempt budget; the steps they cancelled
+        (fail-fast, branch) reopen with their counters kept; a failed run runs again."""
         reopened = [s for s in run.steps.values()
                     if (s.state == "discarded" and s.node.id in targets)
                     or (s.state == "cancelled" and s.cancel_cause in ("fail_fast", "branch")
@@ -328,14 +337,13 @@ class Model:
         if run.state == "failed":
             run.state, run.failed_by = "running", None
         if run.state == "running":
-            self._promote(run)
-        else:  # paused: what could start waits in paused, with its timer whole
+            self._promote(run, children=False)
+        else:  # paused: what could start waits in paused, with its timer whole; child nodes at Resume
             for s in reopened:
-                if s.state == "pending" and run.deps_completed(s):
+                if s.state == "pending" and run.deps_completed(s) and s.node.type != "child":
                     s.state, s.timer_due = "paused", False
                     if s.node.type == "signal":
                         s.wait_key = (self.now, s.node.id)
-        return True
 
     def _recancel(self, run: Run, reopened: list[Step]) -> None:
         """A reopened step that still depends on a discard left in place (retried alone,

@@ -2,12 +2,14 @@
 the lifecycle document (model_lifecycle.py); after each one, every run and step agree.
 
 The engine runs on a real Postgres (this test's own database, emptied before each example).
-Hypothesis picks the actions: submit small DAGs (task, sleep and signal nodes, some with
-CancelBranch) and enqueue jobs; claim, complete, fail (retryable or permanent, with small
+Hypothesis picks the actions: submit small DAGs (task, sleep, signal and child nodes, some
+with CancelBranch) and enqueue jobs; claim, complete, fail (retryable or permanent, with small
 max_attempts), snooze, answer with a lease that no longer holds the step, let a lease
 expire, make a timer due (each followed by the sweep), cancel, pause, resume, Retry,
-RetryAll and signal. Time is never waited for: backoffs and snoozes are made due in SQL
-before a claim, leases and timers run out when the test moves them back.
+RetryAll and signal, on top-level and child runs. Time is never waited for: backoffs and
+snoozes are made due in SQL before a claim, leases and timers run out when the test moves
+them back. After each action the child scanners run (Engine.settle_children), as a server
+runs them when a run ends, and then both sides must agree.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
-from model_lifecycle import REFUSED, Model, Node, Step
+from model_lifecycle import Model
+from model_runs import REFUSED, Node, Step
 
 from cyclone_server.engine import Engine, Result
 from cyclone_server.errors import FailedPrecondition
@@ -40,21 +43,24 @@ _names = itertools.count(1)
 
 @st.composite
 def dags(draw: st.DrawFn) -> list[Node]:
-    """1 to 4 nodes, each depending on up to two earlier ones."""
+    """1 to 4 nodes, each depending on up to two earlier ones; a child node's workflow is
+    one task node."""
     nodes: list[Node] = []
     for i in range(draw(st.integers(1, 4))):
         deps = draw(st.lists(st.sampled_from([n.id for n in nodes]), max_size=2, unique=True)) if nodes else []
-        kind = draw(st.sampled_from(["task", "task", "task", "sleep", "signal"]))
+        kind = draw(st.sampled_from(["task", "task", "task", "sleep", "signal", "child"]))
+        child = (Node("ct", max_attempts=draw(st.integers(1, 2)), max_reclaims=draw(st.integers(0, 1))),)
         nodes.append(Node(f"n{i}", kind, tuple(deps), cancel_branch=draw(st.sampled_from([True, True, False])),
                           max_attempts=draw(st.integers(1, 3)), max_reclaims=draw(st.integers(0, 1)),
-                          signal=draw(st.sampled_from("ab")) if kind == "signal" else None))
+                          signal=draw(st.sampled_from("ab")) if kind == "signal" else None,
+                          child=child if kind == "child" else ()))
     return nodes
 
 
-def definition(node: Node, kind: str) -> dict[str, Any]:
+def definition(node: Node, workflow: str) -> dict[str, Any]:
     """The engine's node: tiny backoff (made due anyway), timers and attempts that never run
-    out by themselves."""
-    d: dict[str, Any] = {"id": node.id, "kind": kind, "type": node.type, "deps": list(node.deps),
+    out by themselves. Names: kind "<workflow>.<node>"; a child node's workflow, the same."""
+    d: dict[str, Any] = {"id": node.id, "kind": f"{workflow}.{node.id}", "type": node.type, "deps": list(node.deps),
                          "on_dep_failure": "cancel_branch" if node.cancel_branch else "fail_run",
                          "max_attempts": node.max_attempts, "max_reclaims": node.max_reclaims,
                          "backoff_initial": 0.001, "backoff_max": 0.001, "attempt_timeout": 3600}
@@ -62,6 +68,8 @@ def definition(node: Node, kind: str) -> dict[str, Any]:
         d["sleep"] = 3600
     if node.type == "signal":
         d["signal"] = node.signal
+    if node.type == "child":
+        d["workflow"] = f"{workflow}.{node.id}"
     return d
 
 
@@ -80,9 +88,13 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.step_ids: dict[tuple[str, str], str] = {}  # (run id, node) -> step id
+        # Runs by the model's id (a child run's is made by the model) and the database's.
+        self.db_ids: dict[str, str] = {}
+        self.model_ids: dict[str, str] = {}
+        self.workflows: dict[str, str | None] = {}  # run -> workflow name (None: a job)
+        self.step_ids: dict[tuple[str, str], str] = {}  # (run, node) -> step id
         self.kinds: dict[tuple[str, str], str] = {}
-        self.leases: list[tuple[str, str, int]] = []  # every (run id, node, generation) handed out
+        self.leases: list[tuple[str, str, int]] = []  # every (run, node, generation) handed out
         self.signals = itertools.count(1)
 
     def do(self, coro: Coroutine[Any, Any, Any]) -> Any:
@@ -116,38 +128,55 @@ class LifecycleMachine(RuleBasedStateMachine):
         return [lease for lease in self.leases if lease not in live]
 
     def room_for_a_run(self) -> bool:
-        active = [r for r in self.model.runs.values() if r.state in ("running", "paused")]
-        return len(self.model.runs) < MAX_RUNS and len(active) < MAX_ACTIVE
+        top = [r for r in self.model.runs.values() if r.parent is None]
+        return len(top) < MAX_RUNS and sum(r.state in ("running", "paused") for r in top) < MAX_ACTIVE
 
     def run_ids(self) -> list[str]:
         return list(self.model.runs)
 
     # -- runs begin ----------------------------------------------------------------------
 
-    def _track(self, run_id: str, kinds: dict[str, str]) -> None:
-        for row in self.sql("SELECT node, id FROM cyclone_steps WHERE run_id = %s", run_id):
+    def _track(self, run_id: str, db_id: str, workflow: str | None) -> None:
+        self.db_ids[run_id], self.model_ids[db_id], self.workflows[run_id] = db_id, run_id, workflow
+        for row in self.sql("SELECT node, id FROM cyclone_steps WHERE run_id = %s", db_id):
             self.step_ids[(run_id, row["node"])] = str(row["id"])
-            self.kinds[(run_id, row["node"])] = kinds[row["node"]]
+            self.kinds[(run_id, row["node"])] = f"{workflow}.{row['node']}" if workflow else row["node"]
+
+    def _track_child_runs(self) -> None:
+        """Pair the child runs the engine started with those the model started (one per
+        parent node and action)."""
+        rows = self.sql("SELECT r.id, r.parent_run_id, p.node FROM cyclone_runs r "
+                        "JOIN cyclone_steps p ON p.id = r.parent_step_id ORDER BY r.id")
+        for r in rows:
+            if str(r["id"]) in self.model_ids:
+                continue
+            parent = self.model_ids[str(r["parent_run_id"])]
+            [mine] = [k for k, run in self.model.runs.items()
+                      if run.parent == (parent, r["node"]) and k not in self.db_ids]
+            self._track(mine, str(r["id"]), f"{self.workflows[parent]}.{r['node']}")
 
     @precondition(lambda self: self.room_for_a_run())
     @rule(nodes=dags())
     def submit(self, nodes: list[Node]) -> None:
         name = f"wf{next(_names)}"
-        kinds = {n.id: f"{name}.{n.id}" for n in nodes}
-        self.do(self.engine.register_workflow(name, [definition(n, kinds[n.id]) for n in nodes]))
+        for n in nodes:
+            if n.type == "child":
+                self.do(self.engine.register_workflow(f"{name}.{n.id}", [definition(c, f"{name}.{n.id}")
+                                                                         for c in n.child]))
+        self.do(self.engine.register_workflow(name, [definition(n, name) for n in nodes]))
         run_id, _ = self.do(self.engine.submit_run(name))
         self.model.submit(run_id, nodes)
-        self._track(run_id, kinds)
+        self._track(run_id, run_id, name)
 
     @precondition(lambda self: self.room_for_a_run())
     @rule(max_attempts=st.integers(1, 3), max_reclaims=st.integers(0, 1))
     def enqueue(self, max_attempts: int, max_reclaims: int) -> None:
         kind = f"job{next(_names)}"
         node = Node(kind, max_attempts=max_attempts, max_reclaims=max_reclaims)
-        opts = {k: v for k, v in definition(node, kind).items() if k not in ("id", "kind", "type", "deps")}
+        opts = {k: v for k, v in definition(node, "").items() if k not in ("id", "kind", "type", "deps")}
         run_id, _, _ = self.do(self.engine.enqueue(kind, options=opts))
         self.model.submit(run_id, [node])
-        self._track(run_id, {kind: kind})
+        self._track(run_id, run_id, None)
 
     # -- leases --------------------------------------------------------------------------
 
@@ -270,7 +299,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 99), action=st.sampled_from(["pause", "pause", "resume", "resume", "cancel"]))
     def run_action(self, i: int, action: str) -> None:
         run_id = pick(self.run_ids(), i)
-        got = self.refused_or(getattr(self.engine, f"{action}_run")(run_id))
+        got = self.refused_or(getattr(self.engine, f"{action}_run")(self.db_ids[run_id]))
         assert got == getattr(self.model, action)(run_id), (action, run_id)
 
     @precondition(lambda self: self.steps_where(lambda s: s.state == "discarded"))
@@ -279,7 +308,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Retry of a discarded node, or RetryAll of its run."""
         run_id, node, _ = pick(self.steps_where(lambda s: s.state == "discarded"), i)
         target = None if every else node
-        assert self.refused_or(self.engine.retry(run_id, target)) == self.model.retry(run_id, target), (run_id, target)
+        got = self.refused_or(self.engine.retry(self.db_ids[run_id], target))
+        assert got == self.model.retry(run_id, target), (run_id, target)
 
     @precondition(lambda self: self.model.runs)
     @rule(i=st.integers(0, 99), j=st.integers(0, 9))
@@ -290,7 +320,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         name = pick(names, j)
         payload = {"sig": next(self.signals)}
         try:
-            _, consumed_by = self.do(self.engine.signal(run_id, name, payload))
+            _, consumed_by = self.do(self.engine.signal(self.db_ids[run_id], name, payload))
             got = None if consumed_by is None else next(
                 n for (r, n), sid in self.step_ids.items() if r == run_id and sid == consumed_by)
         except FailedPrecondition:
@@ -300,13 +330,17 @@ class LifecycleMachine(RuleBasedStateMachine):
     # -- after every action --------------------------------------------------------------
 
     @invariant()
-    def database_agrees_with_the_model(self) -> None:
+    def after_the_child_scanners_database_and_model_agree(self) -> None:
+        self.do(self.engine.settle_children())
+        self.model.settle_children()
+        self._track_child_runs()
         rows = self.sql("SELECT r.id AS run_id, r.state AS run_state, s.node, s.type, s.state, s.attempt, "
                         "s.reclaims, s.snoozes, s.lease_generation, s.error_kind, s.output "
                         "FROM cyclone_runs r JOIN cyclone_steps s ON s.run_id = r.id")
         db: dict[str, Any] = {}
         for r in rows:
-            run = db.setdefault(str(r["run_id"]), {"state": r["run_state"], "steps": {}})
+            run = db.setdefault(self.model_ids.get(str(r["run_id"]), str(r["run_id"])),
+                                {"state": r["run_state"], "steps": {}})
             run["steps"][r["node"]] = self.step_view(r["type"], r["state"], r["attempt"], r["reclaims"], r["snoozes"],
                                                      r["lease_generation"], r["error_kind"], r["output"])
         want = {rid: {"state": run.state,
@@ -317,7 +351,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert db == want
         mail = self.sql("SELECT run_id, name, payload FROM cyclone_signals WHERE consumed_by IS NULL "
                         "ORDER BY created_at, id")
-        assert [(str(m["run_id"]), m["name"], m["payload"]) for m in mail] == sorted(
+        assert [(self.model_ids[str(m["run_id"])], m["name"], m["payload"]) for m in mail] == sorted(
             [(rid, name, p) for rid, run in self.model.runs.items() for name, p in run.mailbox],
             key=lambda m: m[2]["sig"])
 
@@ -325,7 +359,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def step_view(type_: str, state: str, attempt: int, reclaims: int, snoozes: int, generation: int,
                   error_kind: str | None, output: Any) -> tuple[Any, ...]:
         """What must agree: states and counters; the error kind of a discard; the output of
-        a completed task (its lease generation) or signal node (the signal it took)."""
+        a completed task (its lease generation), signal node (the signal it took) or child
+        node (its child run's result)."""
         return (state, attempt, reclaims, snoozes, generation,
                 error_kind if state == "discarded" else None,
                 output if state == "completed" and type_ != "sleep" else None)
