@@ -196,8 +196,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 99), unclaimable=st.sampled_from([False, False, False, True]))
     def claim(self, i: int, unclaimable: bool) -> None:
         """Claim an available step, or try one that is pending, paused, running or ended
-        (never leased)."""
+        (never leased). Claims go by kind, which the child runs of one node share: a step is
+        tried only when no other step of its kind is available."""
         candidates = self.steps_where(lambda s: s.node.type == "task" and (s.state == "available") != unclaimable)
+        available = {self.kinds[(r, n)] for r, n, _ in self.steps_where(lambda s: s.state == "available")}
+        if unclaimable:
+            candidates = [(r, n, s) for r, n, s in candidates if self.kinds[(r, n)] not in available]
         if candidates:
             run_id, node, _ = pick(candidates, i)
             self._claim(run_id, node)
