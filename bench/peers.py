@@ -27,8 +27,8 @@ change in the machine's load hits all of them). Per job it reports Postgres stat
 and CPU time of all Postgres processes, of the cyclone-server and of the consumer/worker
 processes (psutil, microseconds).
 
---backlog: Cyclone (2 workers) only. --backlog-small and --backlog-size committed jobs are
-loaded with SQL (cyclone_job_enqueue over generate_series, 50,000 per transaction), then
+--backlog: Cyclone (2 workers) only. --backlog-small, --backlog-size (--backlog-rounds times)
+and --backlog-small again committed jobs are loaded with SQL (cyclone_job_enqueue over generate_series, 50,000 per transaction), then
 VACUUM ANALYZE and a CHECKPOINT; the rate of the first min(--jobs, backlog) completions is
 compared, with dead tuples and table/index sizes before and after each drain.
 
@@ -587,6 +587,9 @@ def report_backlog(results: list[Drain], args) -> None:
         print(f"\nratio large / small backlog (medians): "
               f"{statistics.median(d.rate for d in big) / statistics.median(d.rate for d in small):.2f}")
     for d in results:
+        print(f"\n{d.name}, top-level statements, per job:")
+        print_statements(d, limit=3)
+    for d in results:
         r = d.extra["after"]["cyclone_runs"]
         print(f"{d.name}: runs table {r['table_bytes'] / 2**20:.1f} MB, indexes {r['index_bytes'] / 2**20:.1f} MB, "
               f"dead {r['dead']:,}; steps indexes after: "
@@ -695,13 +698,15 @@ def main() -> None:
                 return
             if args.backlog:
                 results = []
-                for r in range(args.backlog_rounds):
-                    for size in (args.backlog_small, args.backlog_size):
-                        results.append(drain_backlog(pg, f"peers_backlog_{size}", size, min(args.jobs, size),
-                                                     args.timeout, workdir))
-                        note(f"round {r + 1}: backlog {size:,}: {results[-1].rate:.0f} jobs/s")
-                        with psycopg.connect(pg.url(), autocommit=True) as c:  # free the disk
-                            c.execute(f"DROP DATABASE peers_backlog_{size} WITH (FORCE)")
+                # small, large, ..., small: the small backlog brackets the large one, so a
+                # change in the machine's load shows as a difference between the small ones.
+                sizes = [args.backlog_small, args.backlog_size] * args.backlog_rounds + [args.backlog_small]
+                for i, size in enumerate(sizes):
+                    results.append(drain_backlog(pg, f"peers_backlog_{size}", size, min(args.jobs, size),
+                                                 args.timeout, workdir))
+                    note(f"drain {i + 1} of {len(sizes)}: backlog {size:,}: {results[-1].rate:.0f} jobs/s")
+                    with psycopg.connect(pg.url(), autocommit=True) as c:  # free the disk
+                        c.execute(f"DROP DATABASE peers_backlog_{size} WITH (FORCE)")
                 report_backlog(results, args)
                 return
             results: dict[str, list[Drain]] = {k: [] for k in only}
