@@ -1,7 +1,7 @@
 """Drain against the peers: the same backlog drained by raw SQL, PgQueuer and Cyclone, one Postgres.
 
     .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1]
-    .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000]
+    .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
 
 One embedded Postgres 18 with durable commits (fsync, synchronous_commit and full_page_writes
@@ -27,10 +27,15 @@ change in the machine's load hits all of them). Per job it reports Postgres stat
 and CPU time of all Postgres processes, of the cyclone-server and of the consumer/worker
 processes (psutil, microseconds).
 
---backlog: Cyclone (2 workers) only. --backlog-small, --backlog-size (--backlog-rounds times)
-and --backlog-small again committed jobs are loaded with SQL (cyclone_job_enqueue over generate_series, 50,000 per transaction), then
-VACUUM ANALYZE and a CHECKPOINT; the rate of the first min(--jobs, backlog) completions is
-compared, with dead tuples and table/index sizes before and after each drain.
+--backlog: Cyclone (2 workers) only. A database of --backlog-small and one of --backlog-size
+committed jobs are loaded once each with SQL (cyclone_job_enqueue over generate_series,
+50,000 per transaction), vacuumed and analyzed; every drain works on a fresh copy (CREATE
+DATABASE ... TEMPLATE) after a CHECKPOINT, with a fresh server. The order is small, large
+(--backlog-rounds times), small again, so that the two small drains show how much the
+machine's load moved. With --backlog-tuned, each large drain is repeated with the
+autovacuum settings docs/benchmarks.md suggests (TUNED_TABLES, naptime 10 s). It compares
+the rate of the first min(--jobs, backlog) completions, with buffers per claim and per
+results batch, dead tuples, HOT updates, autovacuum runs and table/index sizes.
 
 --profile DIR: one Cyclone drain (2 workers) with pg_stat_statements.track = all (nested
 statements inside the PL/pgSQL functions too), py-spy recording the server (raw collapsed
@@ -535,29 +540,81 @@ def load_backlog_sql(url: str, n: int) -> None:
                 note(f"  loaded {start:,}")
 
 
-def drain_backlog(pg: EmbeddedPostgres, db: str, backlog: int, measure: int, timeout: float,
-                  workdir: Path) -> Drain:
+# The autovacuum settings docs/benchmarks.md suggests, for --backlog-tuned.
+TUNED_TABLES = {
+    "cyclone_steps": "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_max_threshold = 20000, "
+                     "autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02, "
+                     "autovacuum_vacuum_cost_delay = 1, autovacuum_vacuum_cost_limit = 2000",
+    "cyclone_runs": "autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_max_threshold = 20000",
+}
+TUNED_NAPTIME = "10s"
+
+
+def backlog_template(pg: EmbeddedPostgres, backlog: int) -> str:
+    """A migrated database holding `backlog` committed jobs, vacuumed and analyzed: each drain
+    works on a copy of it (CREATE DATABASE ... TEMPLATE), so a million jobs are loaded once."""
+    name = f"peers_backlog_template_{backlog}"
     note(f"backlog {backlog:,}: loading")
     t = time.monotonic()
-    stage = cyclone_stage(pg, db, workdir, 2, 64, lambda url, address: load_backlog_sql(url, backlog))
-    note(f"backlog {backlog:,}: loaded in {time.monotonic() - t:.0f} s; draining the first {measure:,}")
-    tables = ["cyclone_steps", "cyclone_runs"]
-    before = table_report(stage.url, tables)
+    url = create_db(pg, name)
+    migrate(url)
+    load_backlog_sql(url, backlog)
+    settle(url)
+    note(f"backlog {backlog:,}: loaded in {time.monotonic() - t:.0f} s")
+    return name
 
-    def done(deadline: float) -> float:
-        poll_until(stage.url, f"SELECT {MARK} count(*) FROM cyclone_runs WHERE {TERMINAL_RUNS}",
-                   lambda v: v >= measure, deadline, interval=0.1)
-        # The exact moment: the measure-th run's finished_at (its transaction's start), on the
-        # same clock as the go.
-        with psycopg.connect(stage.url) as c:
-            t_end = c.execute(f"SELECT {MARK} extract(epoch FROM finished_at) FROM cyclone_runs "
-                              f"WHERE {TERMINAL_RUNS} ORDER BY finished_at OFFSET %s LIMIT 1",
-                              (measure - 1,)).fetchone()[0]
-        return time.monotonic() - (time.time() - float(t_end))
 
-    d = stage.run(f"backlog{backlog}", measure, done, timeout)
-    after = table_report(stage.url, tables)
-    d.extra = {"backlog": backlog, "before": before, "after": after}
+def set_naptime(pg: EmbeddedPostgres, value: str | None) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as c:
+        c.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{value}'" if value else
+                  "ALTER SYSTEM RESET autovacuum_naptime")
+        c.execute("SELECT pg_reload_conf()")
+
+
+def drain_backlog(pg: EmbeddedPostgres, template: str, backlog: int, measure: int, timeout: float,
+                  workdir: Path, tuned: bool = False) -> Drain:
+    db = f"peers_backlog_{backlog}" + ("_tuned" if tuned else "")
+    with psycopg.connect(pg.url(), autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {db} TEMPLATE {template}")
+    url = pg.url(db)
+    with psycopg.connect(url, autocommit=True) as c:
+        if tuned:
+            for table, options in TUNED_TABLES.items():
+                c.execute(f"ALTER TABLE {table} SET ({options})")
+        c.execute("CHECKPOINT")
+    if tuned:
+        set_naptime(pg, TUNED_NAPTIME)
+    try:
+        server, address = start_server(url, workdir)
+        ctx = mp.get_context("spawn")
+        ready, go = ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=cyclone_worker_main, args=(address, 64, ready, go), daemon=True)
+                 for _ in range(2)]
+        stage = Stage(pg, db, procs, ready, go, server)
+        note(f"backlog {backlog:,}{' (tuned autovacuum)' if tuned else ''}: draining the first {measure:,}")
+        tables = ["cyclone_steps", "cyclone_runs"]
+        before = table_report(url, tables)
+
+        def done(deadline: float) -> float:
+            poll_until(url, f"SELECT {MARK} count(*) FROM cyclone_runs WHERE {TERMINAL_RUNS}",
+                       lambda v: v >= measure, deadline, interval=0.1)
+            # The exact moment: the measure-th run's finished_at (its transaction's start), on
+            # the same clock as the go.
+            with psycopg.connect(url) as c:
+                t_end = c.execute(f"SELECT {MARK} extract(epoch FROM finished_at) FROM cyclone_runs "
+                                  f"WHERE {TERMINAL_RUNS} ORDER BY finished_at OFFSET %s LIMIT 1",
+                                  (measure - 1,)).fetchone()[0]
+            return time.monotonic() - (time.time() - float(t_end))
+
+        d = stage.run(db, measure, done, timeout)
+        after = table_report(url, tables)
+    finally:
+        if tuned:
+            set_naptime(pg, None)
+    d.extra = {"backlog": backlog, "tuned": tuned, "before": before, "after": after}
+    with psycopg.connect(pg.url(), autocommit=True) as c:  # free the disk
+        c.execute(f"DROP DATABASE {db} WITH (FORCE)")
     return d
 
 
@@ -567,9 +624,12 @@ def report_backlog(results: list[Drain], args) -> None:
     rows = []
     for d in results:
         claim = next((s for s in d.statements if s["top"] and "cyclone_steps_claim" in s["query"]), None)
+        apply = next((s for s in d.statements if s["top"] and "cyclone_results_apply" in s["query"]), None)
         b, a = d.extra["before"]["cyclone_steps"], d.extra["after"]["cyclone_steps"]
-        rows.append([f"{d.extra['backlog']:,} jobs, first {d.jobs:,}", fmt_int(d.rate),
+        rows.append([f"{d.extra['backlog']:,} jobs, first {d.jobs:,}" + (", tuned autovacuum" if d.extra["tuned"] else ""),
+                     fmt_int(d.rate),
                      f"{claim['blocks'] / claim['calls']:.0f} / {claim['rows'] / claim['calls']:.1f}" if claim else "-",
+                     f"{apply['blocks'] / apply['calls']:.0f} / {apply['rows'] / apply['calls']:.1f}" if apply else "-",
                      f"{fmt_int(b['dead'])} -> {fmt_int(a['dead'])}",
                      f"{b['table_bytes'] / 2**20:.1f} -> {a['table_bytes'] / 2**20:.1f}",
                      f"{b['index_bytes'] / 2**20:.1f} -> {a['index_bytes'] / 2**20:.1f}",
@@ -578,10 +638,10 @@ def report_backlog(results: list[Drain], args) -> None:
                      f"{a['hot_upd'] - b['hot_upd']} / {a['upd'] - b['upd']}",
                      str(a["autovacuums"] - b["autovacuums"]),
                      fmt_int(d.per_job(d.pg_cpu) * 1e6), fmt_int(d.per_job(d.server_cpu) * 1e6)])
-    print_rows(["backlog", "jobs/s", "claim: blocks / steps per call", "steps dead tuples",
+    print_rows(["backlog", "jobs/s", "claim: blocks / steps per call", "results_apply: blocks / results per call", "steps dead tuples",
                 "steps table MB", "steps indexes MB", "claim index MB", "HOT / all step updates",
                 "autovacuums (steps)", "PG CPU us/job", "server CPU us/job"], rows)
-    big = [d for d in results if d.extra["backlog"] == args.backlog_size]
+    big = [d for d in results if d.extra["backlog"] == args.backlog_size and not d.extra["tuned"]]
     small = [d for d in results if d.extra["backlog"] == args.backlog_small]
     if big and small:
         print(f"\nratio large / small backlog (medians): "
@@ -680,6 +740,8 @@ def main() -> None:
     ap.add_argument("--backlog-size", type=int, default=1_000_000)
     ap.add_argument("--backlog-small", type=int, default=10_000)
     ap.add_argument("--backlog-rounds", type=int, default=1)
+    ap.add_argument("--backlog-tuned", action="store_true",
+                    help="also drain the large backlog with the suggested autovacuum settings")
     ap.add_argument("--profile", metavar="DIR", help="profile one Cyclone drain into DIR instead")
     ap.add_argument("--profile-seconds", type=int, default=10)
     ap.add_argument("--data-dir", help="Postgres data dir (default: a temporary one, removed at the end)")
@@ -698,15 +760,15 @@ def main() -> None:
                 return
             if args.backlog:
                 results = []
+                templates = {size: backlog_template(pg, size) for size in (args.backlog_small, args.backlog_size)}
                 # small, large, ..., small: the small backlog brackets the large one, so a
                 # change in the machine's load shows as a difference between the small ones.
-                sizes = [args.backlog_small, args.backlog_size] * args.backlog_rounds + [args.backlog_small]
-                for i, size in enumerate(sizes):
-                    results.append(drain_backlog(pg, f"peers_backlog_{size}", size, min(args.jobs, size),
-                                                 args.timeout, workdir))
-                    note(f"drain {i + 1} of {len(sizes)}: backlog {size:,}: {results[-1].rate:.0f} jobs/s")
-                    with psycopg.connect(pg.url(), autocommit=True) as c:  # free the disk
-                        c.execute(f"DROP DATABASE peers_backlog_{size} WITH (FORCE)")
+                large = [(args.backlog_size, False)] + ([(args.backlog_size, True)] if args.backlog_tuned else [])
+                plan = [(args.backlog_small, False), *large] * args.backlog_rounds + [(args.backlog_small, False)]
+                for i, (size, tuned) in enumerate(plan):
+                    results.append(drain_backlog(pg, templates[size], size, min(args.jobs, size), args.timeout,
+                                                 workdir, tuned=tuned))
+                    note(f"drain {i + 1} of {len(plan)}: {results[-1].name}: {results[-1].rate:.0f} jobs/s")
                 report_backlog(results, args)
                 return
             results: dict[str, list[Drain]] = {k: [] for k in only}
