@@ -25,8 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,15 +35,13 @@ from cyclone_server.embedded import start_embedded
 from cyclone_server.migrate import migrate
 from cyclone_worker import Client, Context, Job, Worker, Workflow
 
+from _common import note, start_server  # bench/ is sys.path[0] when run as a script
+
 KIND = "noop"
 DAG = Workflow("bench_dag").task("root", kind=KIND)
 for _i in range(8):
     DAG.task(f"mid{_i}", kind=KIND, deps=["root"])
 DAG.task("join", kind=KIND, deps=[f"mid{_i}" for _i in range(8)])
-
-
-def note(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def worker_main(address: str, slots: int) -> None:
@@ -56,18 +52,6 @@ def worker_main(address: str, slots: int) -> None:
         return {"t": time.time()}
 
     worker.run_sync()
-
-
-def start_server(url: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    ready = workdir / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "cyclone_server", "--database-url", url,
-                             "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING"])
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("cyclone-server did not start")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text())["address"]
 
 
 async def wait_all_done(url: str, total_steps: int, timeout: float = 600) -> float:

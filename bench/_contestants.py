@@ -1,0 +1,124 @@
+"""The contestants of bench/peers.py: each loads --jobs committed jobs into a fresh database
+and returns the Drain of its consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Callable
+
+import psycopg
+
+from cyclone_server.embedded import EmbeddedPostgres
+from cyclone_server.migrate import migrate
+
+from _common import start_server
+from _drain import (KIND, RAW_SCHEMA, Drain, Stage, cyclone_worker_main, pgq_consumer_main, poll_until,
+                    raw_consumer_main)
+from _pg import MARK, create_db, settle
+
+
+def load_raw(url: str, jobs: int) -> None:
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(RAW_SCHEMA)
+        c.execute("INSERT INTO raw_jobs (kind, payload) SELECT %s, jsonb_build_object('i', i) "
+                  "FROM generate_series(1, %s) i", (KIND, jobs))
+
+
+def drain_raw(pg: EmbeddedPostgres, db: str, jobs: int, batch: int, timeout: float) -> Drain:
+    url = create_db(pg, db)
+    load_raw(url, jobs)
+    settle(url)
+    ctx = mp.get_context("spawn")
+    ready, report, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=raw_consumer_main, args=(url, batch, 4, ready, go, report), daemon=True)
+
+    def done(deadline: float) -> float:
+        return report.get(timeout=max(1.0, deadline - time.monotonic()))
+
+    d = Stage(pg, db, [proc], ready, go).run(f"raw{batch}", jobs, done, timeout)
+    with psycopg.connect(url) as c:
+        n = c.execute(f"SELECT {MARK} count(*) FROM raw_jobs WHERE status = 'done'").fetchone()[0]
+    if n != jobs:
+        raise SystemExit(f"raw{batch}: {n} of {jobs} jobs done")
+    return d
+
+
+def drain_pgq(pg: EmbeddedPostgres, db: str, jobs: int, timeout: float) -> Drain:
+    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.queries import Queries
+    url = create_db(pg, db)
+
+    async def load() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            q = Queries(PsycopgDriver(conn))
+            await q.install()
+            for start in range(0, jobs, 1000):
+                n = min(1000, jobs - start)
+                await q.enqueue([KIND] * n, [json.dumps({"i": start + i}).encode() for i in range(n)], [0] * n)
+    asyncio.run(load())
+    settle(url)
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=pgq_consumer_main, args=(url, 5, 10, ready, go), daemon=True)
+    # A finished job is deleted from pgqueuer (and logged in pgqueuer_log) in one statement.
+    d = Stage(pg, db, [proc], ready, go).run(
+        "pgq", jobs, lambda dl: poll_until(url, f"SELECT {MARK} count(*) FROM pgqueuer", lambda v: v == 0, dl),
+        timeout)
+    with psycopg.connect(url) as c:
+        n = c.execute(f"SELECT {MARK} count(*) FROM pgqueuer_log WHERE status = 'successful'").fetchone()[0]
+    if n != jobs:
+        raise SystemExit(f"pgq: {n} of {jobs} jobs logged successful")
+    return d
+
+
+async def enqueue_cyclone(address: str, jobs: int) -> None:
+    from cyclone_worker import Client, Job
+    async with Client(address) as client:
+        sem = asyncio.Semaphore(4)
+
+        async def call(start: int) -> None:
+            async with sem:
+                await client.enqueue_many(Job(KIND, {"i": i}) for i in range(start, min(start + 1000, jobs)))
+        await asyncio.gather(*(call(s) for s in range(0, jobs, 1000)))
+
+
+def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
+                  load: Callable[[str, str], None]) -> Stage:
+    """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
+    url = create_db(pg, db)
+    migrate(url)
+    server, address = start_server(url, workdir)
+    try:
+        load(url, address)
+        settle(url)
+    except BaseException:
+        server.kill()
+        raise
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=cyclone_worker_main, args=(address, slots, ready, go), daemon=True)
+             for _ in range(workers)]
+    return Stage(pg, db, procs, ready, go, server)
+
+
+def check_cyclone(url: str, jobs: int, name: str) -> None:
+    with psycopg.connect(url) as c:
+        n = c.execute(f"SELECT {MARK} count(*) FROM cyclone_steps WHERE state = 'completed'").fetchone()[0]
+    if n < jobs:
+        raise SystemExit(f"{name}: {n} of {jobs} steps completed")
+
+
+def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
+                  during: Callable[[Stage], None] | None = None) -> Drain:
+    stage = cyclone_stage(pg, db, workdir, workers, 64,
+                          lambda url, address: asyncio.run(enqueue_cyclone(address, jobs)))
+    query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
+             "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
+    d = stage.run(f"cyc{workers}", jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,
+                  during=(lambda: during(stage)) if during else None)
+    check_cyclone(stage.url, jobs, d.name)
+    return d
