@@ -5,6 +5,13 @@
 -- 'output_too_large'), or a refusal: 'stale' (another generation holds or held the step),
 -- 'ended' (the step already left running under this generation), 'unknown' (no such step),
 -- 'busy' (a batch could not lock the run without waiting: apply the result again alone).
+--
+-- Plans: a fenced statement that finds its step by id compares the state with
+-- `(SELECT 'running'::text)`, not with the literal. With the literal, the planner may scan
+-- a partial index of running steps (cyclone_steps_attempt_deadline, _lease_expiry) instead
+-- of probing the primary key, as it does whenever the last ANALYZE saw no step running;
+-- every result then walks every running step. The sub-select's value is unknown when the
+-- plan is made, so no partial index of running steps qualifies.
 
 -- available -> running, for up to p_limit steps of the given kinds, priority then FIFO.
 -- The claim writes exactly what the document lists; the attempt does not change.
@@ -77,7 +84,7 @@ BEGIN
     size := COALESCE(p_output_bytes, octet_length(p_output::text));
     IF size > p_max_output_bytes THEN
         PERFORM 1 FROM cyclone_steps
-          WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation FOR UPDATE;
+          WHERE id = p_step_id AND state = (SELECT 'running'::text) AND lease_generation = p_generation FOR UPDATE;
         IF NOT FOUND THEN
             RETURN cyclone__refusal(p_step_id, p_generation);
         END IF;
@@ -87,7 +94,7 @@ BEGIN
     END IF;
     UPDATE cyclone_steps
        SET state = 'completed', output = p_output, finished_at = now()
-     WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation;
+     WHERE id = p_step_id AND state = (SELECT 'running'::text) AND lease_generation = p_generation;
     IF NOT FOUND THEN
         RETURN cyclone__refusal(p_step_id, p_generation);
     END IF;
@@ -148,7 +155,7 @@ BEGIN
            scheduled_at = now() + greatest(COALESCE(p_delay, interval '0'), interval '0'),
            snoozes = snoozes + 1,
            attempt_deadline = NULL
-     WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation;
+     WHERE id = p_step_id AND state = (SELECT 'running'::text) AND lease_generation = p_generation;
     IF NOT FOUND THEN
         RETURN cyclone__refusal(p_step_id, p_generation);
     END IF;
@@ -164,7 +171,7 @@ CREATE OR REPLACE FUNCTION cyclone__step_fail(p_run_id uuid, p_step_id uuid, p_g
 RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM cyclone_steps
-      WHERE id = p_step_id AND state = 'running' AND lease_generation = p_generation FOR UPDATE;
+      WHERE id = p_step_id AND state = (SELECT 'running'::text) AND lease_generation = p_generation FOR UPDATE;
     IF NOT FOUND THEN
         RETURN cyclone__refusal(p_step_id, p_generation);
     END IF;
@@ -250,7 +257,8 @@ BEGIN
                    FOR NO KEY UPDATE SKIP LOCKED) l;
     END IF;
 
-    WITH b AS (
+    -- (SELECT 'running'::text): see "Plans" at the top of this file.
+    WITH b AS MATERIALIZED (
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                COALESCE(e.v -> 'output', 'null'::jsonb) AS output,
                count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
@@ -261,7 +269,7 @@ BEGIN
            SET state = 'completed', output = b.output, finished_at = now()
           FROM b, cyclone_runs r
          WHERE s.id = b.sid AND b.answers = 1
-           AND s.state = 'running' AND s.lease_generation = b.gen
+           AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
            AND s.run_id = ANY (locked) AND r.id = s.run_id
            AND r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
            AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id)
@@ -330,7 +338,7 @@ LANGUAGE sql AS $$
         SELECT h.id, h.gen FROM unnest(p_step_ids, p_generations) AS h (id, gen)
     ), renewable AS (
         SELECT s.id FROM cyclone_steps s JOIN held h ON h.id = s.id
-         WHERE s.state = 'running' AND s.lease_generation = h.gen AND s.lease_owner = p_owner
+         WHERE s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen AND s.lease_owner = p_owner
            FOR NO KEY UPDATE OF s SKIP LOCKED
     ), renewed AS (
         UPDATE cyclone_steps s SET lease_expiry = now() + p_lease_ttl
@@ -339,7 +347,7 @@ LANGUAGE sql AS $$
     )
     SELECT h.id, h.gen FROM held h
      WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                        WHERE s.id = h.id AND s.state = 'running' AND s.lease_generation = h.gen)
+                        WHERE s.id = h.id AND s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen)
 $$;
 
 -- running -> available (same attempt, no backoff, reclaims + 1; to paused in a paused run),
