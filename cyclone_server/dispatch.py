@@ -6,7 +6,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field

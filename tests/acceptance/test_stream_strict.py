@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import grpc
@@ -17,6 +16,7 @@ from cyclone_worker import Context, Worker
 from cyclone_worker._proto import types_pb2
 from cyclone_worker._proto import workers_pb2 as pb
 
+from test_metrics_server import metrics_port, scrape
 from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, until, workers  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
@@ -36,16 +36,26 @@ async def step_row(engine: Engine, run_id: str) -> dict[str, Any]:
     return (await engine.get_run(run_id))["steps"][0]
 
 
-async def test_two_answers_to_one_lease_in_one_message_get_applied_then_ended(channel, workers) -> None:
-    (job,) = await enqueue(channel, "resize")
-    w = workers(["resize"], 1)
-    await w.connect()
-    (lease,) = await w.leases(1)
-    await w.send(completed(lease, "first"), completed(lease, "second"), failed(lease))
-    acks = await w.acks(3)
-    assert [a.status for a in acks] == [pb.ACK_STATUS_APPLIED, pb.ACK_STATUS_ENDED, pb.ACK_STATUS_ENDED]
-    step = await get_step(channel, job.run_id)
-    assert (step.state, step.output.string_value) == (types_pb2.STEP_STATE_COMPLETED, "first")
+async def test_two_answers_to_one_lease_in_one_message_get_applied_then_ended(db_url, start_server) -> None:
+    srv = start_server(db_url, extra_args=["--metrics-listen", "127.0.0.1:0"])
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        (job,) = await enqueue(channel, "resize")
+        w = RawWorker(channel, ["resize"], 1)
+        try:
+            await w.connect()
+            (lease,) = await w.leases(1)
+            await w.send(completed(lease, "first"), completed(lease, "second"), failed(lease))
+            acks = await w.acks(3)
+        finally:
+            await w.close()
+        assert [a.status for a in acks] == [pb.ACK_STATUS_APPLIED, pb.ACK_STATUS_ENDED, pb.ACK_STATUS_ENDED]
+        step = await get_step(channel, job.run_id)
+        assert (step.state, step.output.string_value) == (types_pb2.STEP_STATE_COMPLETED, "first")
+    # The counters count what happened: one completion, two fenced answers.
+    samples = await scrape(metrics_port(srv))
+    assert samples['cyclone_completions_total{kind="resize"}'] == 1
+    assert samples['cyclone_fenced_results_total{status="ended"}'] == 2
+    assert not [k for k in samples if k.startswith("cyclone_failures_total")]
 
 
 async def test_a_failure_message_with_nul_is_stored_with_the_replacement_character(channel, workers, engine) -> None:
