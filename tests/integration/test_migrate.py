@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -125,3 +126,29 @@ def test_edited_function_file_is_applied_again(empty_db_url: str, use_files) -> 
     assert migrate(empty_db_url) == ["functions/f.sql"]
     with psycopg.connect(empty_db_url) as conn:
         assert conn.execute("SELECT f()").fetchone() == (2,)
+
+
+def _files_in(folder) -> list[SqlFile]:
+    return sorted((SqlFile(p.name, p.read_text()) for p in folder.glob("*.sql")), key=lambda f: f.name)
+
+
+def _functions_of(url: str) -> set[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return set(conn.execute(
+            "SELECT proname, pg_get_function_arguments(oid) FROM pg_proc"
+            " WHERE proname LIKE 'cyclone%' AND pronamespace = 'public'::regnamespace").fetchall())
+
+
+def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url: str, db_url: str,
+                                                                     use_files) -> None:
+    # The SQL files as they were at the last landing (git archive of that commit): a
+    # function whose parameters were renamed or removed must be dropped before it is
+    # created again, or the upgrade fails where a fresh database does not.
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_ccd65c4"
+    use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
+    migrate(empty_db_url)
+    use_files(migrations(), functions())
+    applied = migrate(empty_db_url)
+    assert applied and all(name in expected_names() for name in applied)
+    # The same functions as a database made fresh by this version: none left behind.
+    assert _functions_of(empty_db_url) == _functions_of(db_url)

@@ -27,7 +27,8 @@ END $$;
 -- The delay after the n-th failed execution (DECISIONS 3): min(max, initial * 2^(n-1)), so the
 -- first retry waits `initial`, with +-10% jitter that never takes it above `max`. In seconds
 -- (float) until capped: initial * 2^40 as an interval overflows for initial >= ~2 h.
-CREATE OR REPLACE FUNCTION cyclone__backoff(p_initial interval, p_max interval, p_failed_attempt integer)
+DROP FUNCTION IF EXISTS cyclone__backoff(interval, interval, integer);  -- its parameter was renamed
+CREATE FUNCTION cyclone__backoff(p_initial interval, p_max interval, p_failed_attempt integer)
 RETURNS interval LANGUAGE sql VOLATILE AS $$
     -- Jitter applies to the capped delay too (so retries capped at max still spread out),
     -- and the result is capped again.
