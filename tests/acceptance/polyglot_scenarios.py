@@ -56,6 +56,19 @@ class WorkerScenarios(WorkerFixtures):
         c = step_of(run, "c")
         assert (c.state, c.cancel_cause) == (types_pb2.STEP_STATE_CANCELLED, "fail_fast")
 
+    async def test_an_output_over_the_limit_is_sent_as_its_size_and_discards_the_step(
+            self, start_server: Any, db_url: str, launch_worker: Any) -> None:
+        srv = start_server(db_url, extra_args=["--max-payload-bytes", "1000"])
+        async with grpc.aio.insecure_channel(srv.address) as channel:
+            runs = Runs(channel)
+            launch_worker(self.lang, srv.address, {"huge": "big:5000"})
+            run = await runs.wait(await runs.start("huge", [task("a", "huge")]))
+        assert state_name(run) == "RUN_STATE_FAILED"
+        a = step_of(run, "a")
+        assert (a.state, a.error_kind, a.reason) == (types_pb2.STEP_STATE_DISCARDED, "permanent", "output_too_large")
+        # The worker measured the output as the server does (compact JSON), and said so.
+        assert a.errors[-1].message == "output is 5011 bytes, over the limit of 1000 bytes"
+
     async def test_cancel_stops_the_running_handler(self, server: Any, runs: Runs, launch_worker: Any,
                                                     markers: Path) -> None:
         worker = launch_worker(self.lang, server.address, {"slow": "block", "ok": "succeed"}, slots=1)

@@ -16,15 +16,21 @@ type leaseKey struct {
 }
 
 type held struct {
-	lease          *Lease
-	cancel         context.CancelFunc
-	started        bool           // false for a lease that arrived while draining: handed back
-	result         *pb.StepResult // set once the handler returned; kept until acked
-	sentIn         int            // the session the result was last sent on
+	lease   *Lease
+	cancel  context.CancelFunc
+	started bool           // false for a lease that arrived while draining: handed back
+	result  *pb.StepResult // set once the handler returned; kept until acked
+	sentIn  int            // the session the result was last sent on
 }
 
 func (w *Worker) onWelcome(stream pb.Workers_ConnectClient, welcome *pb.Welcome) {
 	w.opts.Logf("welcome from %s; %d held lease(s) lost", welcome.ServerId, len(welcome.Lost))
+	w.mu.Lock()
+	w.maxPayload = welcome.MaxPayloadBytes
+	if w.maxPayload <= 0 { // a server that does not say stores 1 MiB
+		w.maxPayload = 1 << 20
+	}
+	w.mu.Unlock()
 	for _, ref := range welcome.Lost {
 		w.stopLease(leaseKey{ref.StepId, ref.LeaseGeneration}, "lost")
 	}
@@ -58,7 +64,10 @@ func (w *Worker) startLease(l *pb.Lease) {
 	w.opts.Logf("lease %s %s/%d attempt %d", lease.Node, lease.StepID, lease.LeaseGeneration, lease.Attempt)
 	go func() {
 		out, err := w.call(hctx, lease)
-		w.finish(key, h, resultFor(lease, out, err))
+		w.mu.Lock()
+		maxPayload := w.maxPayload
+		w.mu.Unlock()
+		w.finish(key, h, resultFor(lease, out, err, maxPayload))
 	}()
 }
 

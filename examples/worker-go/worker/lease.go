@@ -4,6 +4,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,24 +97,35 @@ func leaseFromWire(l *pb.Lease) *Lease {
 }
 
 // toValue turns any JSON-marshalable value into a google.protobuf.Value by way of
-// encoding/json, so that structs with json tags work as outputs.
-func toValue(out interface{}) (*structpb.Value, error) {
-	raw, err := json.Marshal(out)
-	if err != nil {
-		return nil, fmt.Errorf("output is not JSON: %w", err)
+// encoding/json, so that structs with json tags work as outputs. It also returns the
+// output's size as compact JSON, the measure of the server's payload limit.
+func toValue(out interface{}) (*structpb.Value, int64, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // the server counts "<" as one byte, not as \u003c
+	if err := enc.Encode(out); err != nil {
+		return nil, 0, fmt.Errorf("output is not JSON: %w", err)
 	}
+	raw := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	var generic interface{}
 	if err := json.Unmarshal(raw, &generic); err != nil {
-		return nil, fmt.Errorf("output is not JSON: %w", err)
+		return nil, 0, fmt.Errorf("output is not JSON: %w", err)
 	}
-	return structpb.NewValue(generic)
+	v, err := structpb.NewValue(generic)
+	return v, int64(len(raw)), err
 }
 
-// resultFor turns a handler's return into the StepResult that answers its lease.
-func resultFor(l *Lease, out interface{}, err error) *pb.StepResult {
+// resultFor turns a handler's return into the StepResult that answers its lease. An output
+// over maxPayload (Welcome.max_payload_bytes) is answered with its size only: the server
+// discards the step (output_too_large) without the output crossing the wire.
+func resultFor(l *Lease, out interface{}, err error, maxPayload int64) *pb.StepResult {
 	r := &pb.StepResult{StepId: l.StepID, LeaseGeneration: l.LeaseGeneration}
 	if err == nil {
-		v, convErr := toValue(out)
+		v, size, convErr := toValue(out)
+		if convErr == nil && size > maxPayload {
+			r.Outcome = &pb.StepResult_Completed{Completed: &pb.Completed{OversizedOutputBytes: size}}
+			return r
+		}
 		if convErr == nil {
 			r.Outcome = &pb.StepResult_Completed{Completed: &pb.Completed{Output: v}}
 			return r

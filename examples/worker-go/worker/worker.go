@@ -51,6 +51,8 @@ type Worker struct {
 	draining  bool
 	stopping  bool
 	cancelRun context.CancelFunc
+	// The largest output the server stores (Welcome.max_payload_bytes), guarded by mu.
+	maxPayload int64
 }
 
 // New makes a Worker; Run connects it.
@@ -145,7 +147,7 @@ func (w *Worker) Stop(grace time.Duration) {
 	for k, h := range w.held {
 		if !h.started {
 			giveBack = append(giveBack, k)
-			h.result = resultFor(h.lease, nil, Snooze(0))
+			h.result = resultFor(h.lease, nil, Snooze(0), w.maxPayload)
 		} else if h.result == nil {
 			cut = append(cut, k)
 		}

@@ -81,13 +81,19 @@ function behaviour(spec: string, markerDir: string, worker: string): Handler {
         return derive(lease, worker);
       };
     }
+    case 'big': {
+      // Returns {"blob": "xxx..."} of BYTES characters: over the server's payload limit,
+      // the worker sends only its size and the step is discarded (output_too_large).
+      const bytes = Number(arg ?? '2000000');
+      return () => ({ blob: 'x'.repeat(bytes) });
+    }
     case 'hang':
       return (lease) => {
         fs.writeFileSync(path.join(markerDir, `${lease.stepId}.started`), worker);
         return new Promise(() => undefined);
       };
     default:
-      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS or hang`);
+      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES or hang`);
   }
 }
 

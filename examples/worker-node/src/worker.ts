@@ -87,6 +87,8 @@ export class Worker extends EventEmitter {
   private call: grpc.ClientDuplexStream<WorkerMessage, ServerMessage__Output> | null = null;
   private session = 0;
   private welcomed = false;
+  // The largest output the server stores (Welcome.max_payload_bytes; 1 MiB from a server that does not say).
+  private maxPayloadBytes = 1 << 20;
   private draining = false;
   private stopping = false;
   private wake: (() => void) | null = null;
@@ -217,6 +219,7 @@ export class Worker extends EventEmitter {
       case 'welcome': {
         const w = msg.welcome!;
         this.welcomed = true;
+        this.maxPayloadBytes = Number(w.max_payload_bytes) || 1 << 20;
         this.log(`welcome from ${w.server_id}; ${w.lost.length} held lease(s) lost`);
         for (const ref of w.lost) this.stopLease(keyOf(ref.step_id, ref.lease_generation), 'lost');
         this.emit('welcome', w.server_id);
@@ -262,7 +265,13 @@ export class Worker extends EventEmitter {
     try {
       const handler = this.handlers[h.lease.kind];
       if (!handler) throw new Error(`no handler for kind ${h.lease.kind}`);
-      outcome = { completed: { output: toValue(await handler(h.lease, h.abort.signal)) } };
+      const out = await handler(h.lease, h.abort.signal);
+      // Measured as the server measures (compact JSON): an output over its limit is answered
+      // with its size only, and the server discards the step (output_too_large).
+      const size = Buffer.byteLength(JSON.stringify(out ?? null) ?? 'null');
+      outcome = size > this.maxPayloadBytes
+        ? { completed: { oversized_output_bytes: String(size) } }
+        : { completed: { output: toValue(out) } };
     } catch (err) {
       outcome = outcomeOf(err);
     }

@@ -120,13 +120,23 @@ func behaviour(spec, markerDir, workerID string) (worker.Handler, error) {
 			marker(l, "done", workerID)
 			return derive(l, workerID), nil
 		}, nil
+	case "big":
+		// Returns {"blob": "xxx..."} of BYTES characters: over the server's payload limit,
+		// the worker sends only its size and the step is discarded (output_too_large).
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			return nil, fmt.Errorf("big:BYTES wants a count: %w", err)
+		}
+		return func(_ context.Context, _ *worker.Lease) (interface{}, error) {
+			return map[string]string{"blob": strings.Repeat("x", n)}, nil
+		}, nil
 	case "hang":
 		return func(_ context.Context, l *worker.Lease) (interface{}, error) {
 			marker(l, "started", workerID)
 			select {} // until the process is killed
 		}, nil
 	}
-	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS or hang")
+	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES or hang")
 }
 
 func main() {
