@@ -8,7 +8,7 @@ import json
 import multiprocessing as mp
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import psycopg
 
@@ -87,11 +87,11 @@ async def enqueue_cyclone(address: str, jobs: int) -> None:
 
 
 def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
-                  load: Callable[[str, str], None]) -> Stage:
+                  load: Callable[[str, str], None], server_args: Sequence[str] = ()) -> Stage:
     """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
     url = create_db(pg, db)
     migrate(url)
-    server, address = start_server(url, workdir)
+    server, address = start_server(url, workdir, *server_args)
     try:
         load(url, address)
         settle(url)
@@ -113,9 +113,10 @@ def check_cyclone(url: str, jobs: int, name: str) -> None:
 
 
 def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
-                  during: Callable[[Stage], None] | None = None) -> Drain:
+                  during: Callable[[Stage], None] | None = None, server_processes: int = 1) -> Drain:
     stage = cyclone_stage(pg, db, workdir, workers, 64,
-                          lambda url, address: asyncio.run(enqueue_cyclone(address, jobs)))
+                          lambda url, address: asyncio.run(enqueue_cyclone(address, jobs)),
+                          server_args=("--processes", str(server_processes)) if server_processes > 1 else ())
     query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
              "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
     d = stage.run(f"cyc{workers}", jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,

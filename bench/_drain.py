@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import psutil
 import psycopg
 
 from cyclone_server.embedded import EmbeddedPostgres
@@ -142,7 +143,9 @@ class Stage:
             time.sleep(1.2)  # idle backends flush their statistics about once a second
             counters0 = db_counters(self.pg, self.db)
             stmts0 = statements(self.url)
-            server_pids = [self.server.pid] if self.server else []
+            # With --processes N the server is a supervisor and N children: count them all.
+            server_pids = ([self.server.pid, *(p.pid for p in psutil.Process(self.server.pid).children())]
+                           if self.server else [])
             pg0, srv0, cli0 = (cpu_seconds(postgres_pids(self.pg)), cpu_seconds(server_pids), cpu_seconds(pids))
             t0 = time.monotonic()
             self.go.set()

@@ -1,6 +1,6 @@
 """Drain against the peers: the same backlog drained by raw SQL, PgQueuer and Cyclone, one Postgres.
 
-    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1]
+    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
 
@@ -17,6 +17,7 @@ their last commit).
   a second completes them (status -> done);
 - pgq: PgQueuer 1.6 (its own schema, psycopg driver), 5 queue managers in one process,
   batch size 10, drain mode, no-op entrypoint;
+- cyc2p2: as cyc2, with `cyclone-server --processes 2` (two server processes on one port);
 - cyc2 / cyc1: one `cyclone-server` and 2 (1) SDK worker processes x 64 slots; the jobs are
   enqueued with EnqueueMany before the workers start.
 
@@ -73,6 +74,7 @@ CONTESTANTS = {
     "pgq": "PgQueuer 1.6 (psycopg driver, 5 queue managers, batch 10)",
     "cyc2": "Cyclone, 2 SDK worker processes x 64 slots",
     "cyc1": "Cyclone, 1 SDK worker process x 64 slots",
+    "cyc2p2": "Cyclone, 2 SDK worker processes x 64 slots, cyclone-server --processes 2",
 }
 
 
@@ -101,9 +103,9 @@ def report_peers(results: dict[str, list[Drain]], args) -> None:
                      fmt_int(m.per_job(m.client_cpu) * 1e6)])
     print_rows(header, rows)
     ratios = []
-    for cyc in ("cyc2", "cyc1"):
-        for peer in ("pgq", "raw10", "raw1"):
-            if cyc in med and peer in med:
+    for cyc in ("cyc2", "cyc1", "cyc2p2"):
+        for peer in ("pgq", "raw10", "raw1", "cyc2"):
+            if cyc in med and peer in med and cyc != peer:
                 ratios.append(f"{cyc}/{peer} = {med[cyc] / med[peer]:.2f}")
     print("\nratios of medians: " + ", ".join(ratios))
     for key in results:
@@ -163,7 +165,9 @@ def main() -> None:
                     elif key == "pgq":
                         d = drain_pgq(pg, db, args.jobs, args.timeout)
                     else:
-                        d = drain_cyclone(pg, db, args.jobs, int(key[3:]), args.timeout, workdir)
+                        workers, _, processes = key[3:].partition("p")
+                        d = drain_cyclone(pg, db, args.jobs, int(workers), args.timeout, workdir,
+                                          server_processes=int(processes or 1))
                     results[key].append(d)
                     note(f"round {r + 1}: {key}: {d.rate:,.0f} jobs/s ({d.seconds:.2f} s)")
                     with psycopg.connect(pg.url(), autocommit=True) as c:
