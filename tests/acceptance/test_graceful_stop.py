@@ -90,9 +90,14 @@ async def test_calls_in_flight_finish_within_grace_while_new_ones_are_unavailabl
         runs = runs_pb2_grpc.RunsStub(channel)
         run_id = await submit(channel)
         async with run_locked(db_url, run_id):
-            cancel = asyncio.ensure_future(runs.CancelRun(runs_pb2.CancelRunRequest(run_id=run_id)))
+            # The WaitRuns first, then a call answered after them on the same connection, then
+            # the CancelRun: grpc.aio starts each call's task in the order the calls arrive, so
+            # once CancelRun waits for the lock, every WaitRun is in flight (past the gate),
+            # not a new call that the SIGTERM would rightly refuse.
             waits = [asyncio.ensure_future(runs.WaitRun(runs_pb2.WaitRunRequest(run_id=run_id, timeout=secs(600))))
                      for _ in range(3)]
+            await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
+            cancel = asyncio.ensure_future(runs.CancelRun(runs_pb2.CancelRunRequest(run_id=run_id)))
             await eventually(lambda: blocked(conn), "CancelRun waits for the run's lock")
             assert srv.proc is not None
             srv.proc.send_signal(signal.SIGTERM)
