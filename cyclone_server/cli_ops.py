@@ -1,6 +1,6 @@
 """The operator's command line: `cyclone runs|workflows|stats ...` over gRPC, as tables or JSON.
 
-Every command is one call of the public API (the raw stubs of cyclone_worker._proto), so
+Every command is one call of the public API (the raw stubs of cyclone_proto), so
 whatever it shows, a script can get with grpcurl too. Exit codes: 0 success, 1 an RPC
 failed (the status and message go to stderr), 2 bad arguments; `runs wait` also returns
 3 when the run failed, 4 when it was cancelled, 5 when --timeout passed.
@@ -24,7 +24,7 @@ import grpc
 from google.protobuf import duration_pb2, json_format, struct_pb2
 from google.protobuf.message import Message
 
-from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                                    workflows_pb2_grpc)
 
 from .auth import SecurityConfigError, open_channel

@@ -14,7 +14,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from cyclone_worker._proto import admin_pb2, types_pb2
+from cyclone_proto import admin_pb2, types_pb2
 
 from .errors import InvalidArgument
 

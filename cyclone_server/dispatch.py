@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import psycopg
 
-from cyclone_worker._proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2 as pb
 
 from .convert import duration_seconds, optional_value, py_to_value, to_timestamp
 from .definitions import MAX_SECONDS

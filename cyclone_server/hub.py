@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 
 from . import definitions
 from .convert import to_duration

@@ -18,7 +18,7 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 
-from cyclone_worker._proto import admin_pb2, admin_pb2_grpc, workflows_pb2, workflows_pb2_grpc
+from cyclone_proto import admin_pb2, admin_pb2_grpc, workflows_pb2, workflows_pb2_grpc
 
 from . import convert, definitions
 from .engine import Engine, parse_id

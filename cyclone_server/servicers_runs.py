@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
+from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 from . import convert, definitions
 from .batching import EnqueueBatcher

@@ -15,7 +15,7 @@ import grpc
 from ._channel import auth_metadata, open_channel
 from ._errors import CycloneClientError, RunCancelled, RunFailed
 from ._models import KindStats, Run, WorkflowInfo
-from ._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
 from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
 from ._workflow import Workflow

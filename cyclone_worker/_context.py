@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._errors import Fenced, Permanent
-from ._proto import workers_pb2
+from cyclone_proto import workers_pb2
 from ._values import from_struct, from_timestamp, from_value
 
 if TYPE_CHECKING:

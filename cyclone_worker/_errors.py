@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from ._proto import workers_pb2
+from cyclone_proto import workers_pb2
 from ._values import Seconds, seconds_of, to_duration
 
 if TYPE_CHECKING:

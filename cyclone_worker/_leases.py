@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ._context import Context
 from ._errors import Permanent, outcome_of
 from ._models import enum_name
-from ._proto import workers_pb2
+from cyclone_proto import workers_pb2
 from ._values import to_duration, to_value
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from ._errors import CycloneClientError
-from ._proto import workers_pb2
+from cyclone_proto import workers_pb2
 from ._values import from_duration
 
 if TYPE_CHECKING:

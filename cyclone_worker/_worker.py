@@ -21,7 +21,7 @@ import grpc
 from ._channel import auth_metadata, open_channel
 from ._context import Context, set_event
 from ._leases import LeaseTable
-from ._proto import workers_pb2, workers_pb2_grpc
+from cyclone_proto import workers_pb2, workers_pb2_grpc
 from ._session import Disconnected, Session, reconnectable
 
 __all__ = ["Worker", "Reconnect", "Handler"]

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._proto import types_pb2, workflows_pb2
+from cyclone_proto import types_pb2, workflows_pb2
 from ._values import Seconds, seconds_of, to_duration
 
 __all__ = ["Workflow", "CancelBranch", "FailRun", "OnDepFailure"]

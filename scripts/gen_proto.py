@@ -3,20 +3,20 @@
 
 Usage (from any directory, with the dev extras installed):
 
-    python scripts/gen_proto.py           # rewrite cyclone_worker/_proto/
+    python scripts/gen_proto.py           # rewrite cyclone_proto/
     python scripts/gen_proto.py --check   # exit 1, listing differences, if it is stale
 
 Layout. protoc is run on proto/ with the well-known types of grpcio-tools, so the
 descriptors keep their canonical file names ("cyclone/v1/runs.proto"), which is what
 gRPC reflection and other languages' stubs expect. protoc writes its output as
 cyclone/v1/<name>_pb2.py, <name>_pb2.pyi and <name>_pb2_grpc.py; this script flattens
-that into cyclone_worker/_proto/, so the modules are imported as
+that into the public package cyclone_proto/, so the modules are imported as
 
-    from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
+    from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 and rewrites protoc's absolute imports between them, "from cyclone.v1 import
-types_pb2", into "from cyclone_worker._proto import types_pb2" (there is no top-level
-package named cyclone). It also writes cyclone_worker/_proto/__init__.py, so that the
+types_pb2", into "from cyclone_proto import types_pb2" (there is no top-level
+package named cyclone). It also writes cyclone_proto/__init__.py, so that the
 whole folder is this script's output and --check covers all of it.
 
 Pinned tools. The output depends on the protoc bundled with grpcio-tools, so the script
@@ -41,13 +41,16 @@ GRPCIO_TOOLS_VERSION = "1.85.1"
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 PROTO_PACKAGE_DIR = Path("cyclone") / "v1"
-OUT_DIR = ROOT / "cyclone_worker" / "_proto"
-PY_PACKAGE = "cyclone_worker._proto"
+OUT_DIR = ROOT / "cyclone_proto"
+PY_PACKAGE = "cyclone_proto"
 
 INIT_TEXT = '''"""Generated protobuf and gRPC code of package cyclone.v1 (proto/cyclone/v1).
 
-Written by scripts/gen_proto.py; do not edit. Import the modules directly, e.g.
-``from cyclone_worker._proto import runs_pb2, runs_pb2_grpc``.
+A public package by design: the server, the Python SDK and any Python program that
+talks to Cyclone import the wire contract from here, e.g.
+``from cyclone_proto import runs_pb2, runs_pb2_grpc``.
+
+Written by scripts/gen_proto.py; do not edit.
 """
 '''
 

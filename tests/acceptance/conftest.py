@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from cyclone_server.engine import Engine
-from cyclone_worker._proto import runs_pb2_grpc, workflows_pb2_grpc
+from cyclone_proto import runs_pb2_grpc, workflows_pb2_grpc
 
 READY_DEADLINE = 60.0
 STOP_DEADLINE = 30.0

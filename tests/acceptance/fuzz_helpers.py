@@ -28,7 +28,7 @@ from psycopg import sql
 
 from cyclone_server.convert import py_to_value, to_duration
 from cyclone_worker import Context, Worker
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
+from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 from rpc_descriptors import DURATION, TIMESTAMP
 

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from cyclone_worker._proto import types_pb2
+from cyclone_proto import types_pb2
 from polyglot_harness import (DemoWorker, Runs, StreamBreaker, WorkerFixtures, state_name, step_of, task, to_py,
                               wait_for_file, wait_until)
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone_server.convert import py_to_value, to_timestamp, value_to_py
 from cyclone_server.engine import Engine
-from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
 
 from waits_helpers import secs

@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from cyclone_server import auth
-from cyclone_worker._proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workers_pb2_grpc, workflows_pb2, workflows_pb2_grpc)
 
 TOKENS = {"worker": "worker-token-0123456789", "submit": "submit-token-0123456789",

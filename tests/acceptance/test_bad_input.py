@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, to_timestamp
-from cyclone_worker._proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
+from cyclone_proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
                                    workflows_pb2_grpc)
 
 from rpc_descriptors import DURATION, TIMESTAMP, field_at, time_fields, unary_rpcs

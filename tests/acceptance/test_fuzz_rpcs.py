@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cyclone_server.convert import py_to_value
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
+from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
 from fuzz_helpers import KNOWN_IDS, fuzz_server, messages, mutations  # noqa: F401  (fuzz_server: a fixture)
 from rpc_descriptors import Rpc, unary_rpcs

@@ -22,8 +22,8 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc
-from cyclone_worker._proto import workers_pb2 as pb
+from cyclone_proto import runs_pb2, runs_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
 
 from fuzz_helpers import fillers, fuzz_server, ints, known_id, messages, mutations, texts  # noqa: F401
 

@@ -18,8 +18,8 @@ import grpc
 import psycopg
 
 from cyclone_worker import Client, Context, Permanent, RetryAfter, Worker
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 
 from test_metrics import http_get, parse
 from waits_helpers import DEADLINE, until

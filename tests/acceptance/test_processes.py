@@ -11,8 +11,8 @@ import uuid
 import grpc
 
 from cyclone_worker import Client, Context, Worker
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 
 DEADLINE = 30.0
 

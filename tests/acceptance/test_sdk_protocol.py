@@ -17,8 +17,8 @@ import pytest
 from google.protobuf import duration_pb2
 
 from cyclone_worker import Context, CycloneClientError, Reconnect, Worker
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 
 DEADLINE = 30.0
 HEARTBEAT = duration_pb2.Duration(nanos=200_000_000)

@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from cyclone_worker import Client, Context, Reconnect, Worker, Workflow
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 from cyclone_worker._values import to_value
 
 from waits_helpers import DEADLINE, until

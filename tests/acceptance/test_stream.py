@@ -12,9 +12,9 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
 
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
-from cyclone_worker._proto import workers_pb2 as pb
-from cyclone_worker._proto import workers_pb2_grpc
+from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
+from cyclone_proto import workers_pb2 as pb
+from cyclone_proto import workers_pb2_grpc
 
 DEADLINE = 30.0
 

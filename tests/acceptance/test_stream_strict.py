@@ -13,8 +13,8 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from cyclone_server.engine import Engine
 from cyclone_worker import Context, Worker
-from cyclone_worker._proto import types_pb2
-from cyclone_worker._proto import workers_pb2 as pb
+from cyclone_proto import types_pb2
+from cyclone_proto import workers_pb2 as pb
 
 from test_metrics_server import metrics_port, scrape
 from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, until, workers  # noqa: F401 (a fixture)

@@ -21,7 +21,7 @@ from google.protobuf import duration_pb2
 from cyclone_server import convert
 from cyclone_server.app import CycloneServer, Settings
 from cyclone_server.engine import Engine
-from cyclone_worker._proto import runs_pb2, runs_pb2_grpc, types_pb2
+from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 pytestmark = pytest.mark.statemachine
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from cyclone_server import auth
-from cyclone_worker._proto import admin_pb2, runs_pb2, workers_pb2, workflows_pb2
+from cyclone_proto import admin_pb2, runs_pb2, workers_pb2, workflows_pb2
 
 W = "w" * 20  # tokens of 20 characters
 S = "s" * 20

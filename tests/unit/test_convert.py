@@ -11,7 +11,7 @@ from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from cyclone_server import convert, definitions
 from cyclone_server.errors import InvalidArgument
-from cyclone_worker._proto import runs_pb2, types_pb2
+from cyclone_proto import runs_pb2, types_pb2
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 

@@ -67,8 +67,8 @@ def test_generator_refuses_other_grpcio_tools(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("name", PROTO_NAMES)
 def test_generated_modules_import(name: str) -> None:
-    pb2 = importlib.import_module(f"cyclone_worker._proto.{name}_pb2")
-    importlib.import_module(f"cyclone_worker._proto.{name}_pb2_grpc")
+    pb2 = importlib.import_module(f"cyclone_proto.{name}_pb2")
+    importlib.import_module(f"cyclone_proto.{name}_pb2_grpc")
     assert pb2.DESCRIPTOR.package == "cyclone.v1"
     assert pb2.DESCRIPTOR.name == f"cyclone/v1/{name}.proto"
 
@@ -76,14 +76,14 @@ def test_generated_modules_import(name: str) -> None:
 def test_services_and_rpcs() -> None:
     found: dict[str, set[str]] = {}
     for name in PROTO_NAMES:
-        pb2 = importlib.import_module(f"cyclone_worker._proto.{name}_pb2")
+        pb2 = importlib.import_module(f"cyclone_proto.{name}_pb2")
         for service in pb2.DESCRIPTOR.services_by_name.values():
             found[service.full_name] = {method.name for method in service.methods}
     assert found == {f"cyclone.v1.{s}": rpcs for s, rpcs in SERVICES.items()}
 
 
 def test_connect_is_bidirectional() -> None:
-    from cyclone_worker._proto import workers_pb2
+    from cyclone_proto import workers_pb2
 
     connect = workers_pb2.DESCRIPTOR.services_by_name["Workers"].methods_by_name["Connect"]
     assert connect.client_streaming and connect.server_streaming

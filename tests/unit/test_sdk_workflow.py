@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from cyclone_worker import CancelBranch, FailRun, Workflow
-from cyclone_worker._proto import types_pb2
+from cyclone_proto import types_pb2
 
 
 def test_builder_produces_nodes_in_order_with_deps_and_types() -> None:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from cyclone_worker._proto import admin_pb2 as cyclone_dot_v1_dot_admin__pb2
+from cyclone_proto import admin_pb2 as cyclone_dot_v1_dot_admin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

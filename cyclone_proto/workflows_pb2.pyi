@@ -1,4 +1,4 @@
-from cyclone_worker._proto import types_pb2 as _types_pb2
+from cyclone_proto import types_pb2 as _types_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

@@ -1,6 +1,6 @@
 import datetime
 
-from cyclone_worker._proto import types_pb2 as _types_pb2
+from cyclone_proto import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from cyclone_worker._proto import types_pb2 as cyclone_dot_v1_dot_types__pb2
-from cyclone_worker._proto import workflows_pb2 as cyclone_dot_v1_dot_workflows__pb2
+from cyclone_proto import types_pb2 as cyclone_dot_v1_dot_types__pb2
+from cyclone_proto import workflows_pb2 as cyclone_dot_v1_dot_workflows__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

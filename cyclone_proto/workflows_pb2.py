@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from cyclone_worker._proto import types_pb2 as cyclone_dot_v1_dot_types__pb2
+from cyclone_proto import types_pb2 as cyclone_dot_v1_dot_types__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63yclone/v1/workflows.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\"H\n\x17RegisterWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05nodes\x18\x02 \x03(\x0b\x32\x10.cyclone.v1.Node\"S\n\x18RegisterWorkflowResponse\x12&\n\x08workflow\x18\x01 \x01(\x0b\x32\x14.cyclone.v1.Workflow\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"3\n\x12GetWorkflowRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\"A\n\x14ListWorkflowsRequest\x12\x13\n\x0bname_prefix\x18\x01 \x01(\t\x12\x14\n\x0c\x61ll_versions\x18\x02 \x01(\x08\"@\n\x15ListWorkflowsResponse\x12\'\n\tworkflows\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.Workflow2\x85\x02\n\tWorkflows\x12]\n\x10RegisterWorkflow\x12#.cyclone.v1.RegisterWorkflowRequest\x1a$.cyclone.v1.RegisterWorkflowResponse\x12\x43\n\x0bGetWorkflow\x12\x1e.cyclone.v1.GetWorkflowRequest\x1a\x14.cyclone.v1.Workflow\x12T\n\rListWorkflows\x12 .cyclone.v1.ListWorkflowsRequest\x1a!.cyclone.v1.ListWorkflowsResponseb\x06proto3')
