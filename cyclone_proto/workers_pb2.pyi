@@ -144,7 +144,7 @@ class Leases(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("run_id", "step_id", "node", "kind", "attempt", "max_attempts", "reclaims", "lease_generation", "input", "parents", "attempt_deadline", "lease_expiry", "snoozes")
+    __slots__ = ("run_id", "step_id", "node", "kind", "attempt", "max_attempts", "reclaims", "lease_generation", "input", "parents", "attempt_deadline", "lease_expiry", "snoozes", "trace_context")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class Lease(_message.Message):
     ATTEMPT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRY_FIELD_NUMBER: _ClassVar[int]
     SNOOZES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step_id: str
     node: str
@@ -171,7 +172,16 @@ class Lease(_message.Message):
     attempt_deadline: _timestamp_pb2.Timestamp
     lease_expiry: _timestamp_pb2.Timestamp
     snoozes: int
-    def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., lease_generation: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parents: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., snoozes: _Optional[int] = ...) -> None: ...
+    trace_context: TraceContext
+    def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., lease_generation: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parents: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., snoozes: _Optional[int] = ..., trace_context: _Optional[_Union[TraceContext, _Mapping]] = ...) -> None: ...
+
+class TraceContext(_message.Message):
+    __slots__ = ("traceparent", "tracestate")
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    traceparent: str
+    tracestate: str
+    def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class ResultAcks(_message.Message):
     __slots__ = ("acks",)

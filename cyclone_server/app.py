@@ -27,6 +27,7 @@ from .notify import Notifier
 from .handlers import CallGate, Registrar
 from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
+from . import tracing
 
 log = logging.getLogger("cyclone.server")
 
@@ -109,6 +110,7 @@ class CycloneServer:
         """Migrate, connect, listen; returns the bound address 'HOST:PORT'."""
         s = self.settings
         host, _ = split_listen(s.listen)
+        tracing.configure()  # spans only when the OTEL_* environment asks for them
         if s.migrate:
             applied = await asyncio.to_thread(migrate, s.database_url)
             log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
@@ -230,6 +232,7 @@ class CycloneServer:
             await self.notifier.stop()
         if self.engine is not None:
             await self.engine.close()
+        await asyncio.to_thread(tracing.flush)
         self._started.clear()
         log.info("cyclone-server stopped")
 

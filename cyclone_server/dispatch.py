@@ -17,6 +17,7 @@ import psycopg
 
 from cyclone_proto import workers_pb2 as pb
 
+from . import tracing
 from .convert import duration_seconds, optional_value, py_to_value, to_timestamp
 from .definitions import MAX_SECONDS
 from .engine import Engine, Result, parse_id
@@ -54,6 +55,7 @@ class HeldLease:
     attempt: int = 0
     attempt_deadline: datetime | None = None
     result_pending: bool = False  # a StepResult is on its way to the database
+    trace: tracing.StepSpan | None = None  # the step's span, when the server traces
 
 
 class End:
@@ -108,6 +110,8 @@ def lease_message(row: dict[str, Any]) -> pb.Lease:
         parents=py_to_value(row["parents"] or {}).struct_value, lease_expiry=to_timestamp(row["lease_expiry"]))
     if row["attempt_deadline"] is not None:
         lease.attempt_deadline.CopyFrom(to_timestamp(row["attempt_deadline"]))
+    if row["trace_context"]:
+        lease.trace_context.CopyFrom(tracing.lease_context(row["trace_context"]))
     return lease
 
 
@@ -252,7 +256,7 @@ class Dispatcher:
             for row in rows:
                 conn.held[(str(row["step_id"]), row["lease_generation"])] = HeldLease(
                     run_id=str(row["run_id"]), kind=row["kind"], attempt=row["attempt"],
-                    attempt_deadline=row["attempt_deadline"])
+                    attempt_deadline=row["attempt_deadline"], trace=tracing.step_claimed(row))
                 self.stats["claims"][row["kind"]] += 1
             # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
             conn.send(pb.ServerMessage(leases=pb.Leases(leases=[lease_message(r) for r in rows])))
@@ -389,6 +393,9 @@ class ResultCommitter:
             held = conn.held.pop(key, None)  # the lease is over whatever the status: the slot frees
             kind = held.kind if held is not None and held.kind else "unknown"
             self._count(kind, r, status)
+            if held is not None:
+                tracing.result_applied(held.trace, r.outcome, "invalid" if r.invalid is not None else status,
+                                       r.message)
             if r.invalid is not None:
                 fate = "the attempt failed" if status in ("retried", "discarded") else f"the lease had {status}"
                 acks[conn].append(ack(wire_step_id, r.generation, "invalid", f"{r.invalid}; {fate}"))

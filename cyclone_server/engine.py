@@ -58,6 +58,8 @@ class Job:
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # What identifies the request for the idempotency check; default: the fields above.
     request_fingerprint: Any = None
+    # The submitter's W3C trace context ({"traceparent", "tracestate"}), kept with the run.
+    trace_context: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -265,7 +267,8 @@ class Engine:
 
     async def submit_run(self, workflow: str, *, version: int = 0, input: Any = None, priority: int = 0,
                          idempotency_key: str | None = None, deadline: datetime | None = None,
-                         request_fingerprint: Any = None) -> tuple[str, bool]:
+                         request_fingerprint: Any = None,
+                         trace_context: Mapping[str, str] | None = None) -> tuple[str, bool]:
         """Start a run of a registered workflow; returns (run_id, created).
 
         `request_fingerprint` identifies the request for the idempotency check (defaults to
@@ -277,7 +280,8 @@ class Engine:
         fp = request_fingerprint if request_fingerprint is not None else (workflow, version, input, priority, deadline)
         row = await self._one("run_submit", workflow=workflow, version=version, input=Jsonb(input),
                               priority=priority, idempotency_key=idempotency_key or None,
-                              request_hash=request_hash("run", fp), deadline=deadline)
+                              request_hash=request_hash("run", fp), deadline=deadline,
+                              trace_context=Jsonb(dict(trace_context)) if trace_context else None)
         assert row is not None
         return str(row["run_id"]), row["created"]
 
@@ -327,12 +331,14 @@ class Engine:
             job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
         return PreparedJob({"node": node, "input": job.input, "priority": job.priority,
                             "idempotency_key": job.idempotency_key or None, "request_hash": request_hash("job", fp),
-                            "deadline": job.deadline, "scheduled_at": job.scheduled_at}, size)
+                            "deadline": job.deadline, "scheduled_at": job.scheduled_at,
+                            "trace_context": dict(job.trace_context) if job.trace_context else None}, size)
 
     async def enqueue_prepared_one(self, job: PreparedJob) -> tuple[str, str, bool]:
         """One prepared job in its own transaction (cyclone_job_enqueue)."""
         p = job.params
-        row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"])})
+        row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"]),
+                                                "trace_context": Jsonb(p["trace_context"]) if p["trace_context"] else None})
         assert row is not None
         return str(row["run_id"]), str(row["step_id"]), row["created"]
 

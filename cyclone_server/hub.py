@@ -15,7 +15,7 @@ from google.protobuf import timestamp_pb2
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
 
-from . import definitions
+from . import definitions, tracing
 from .convert import to_duration
 from .dispatch import Dispatcher, End, HeldLease, LeaseKey, ResultCommitter, WorkerConn, ack, to_result
 from .engine import Engine, parse_id
@@ -172,6 +172,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             # reconnects first listing them in Hello.held; the sweep reclaims the rest.
             conn.closed = True
             self.conns.remove(conn)
+            tracing.leases_ended((h.trace for h in conn.held.values()), "disconnected")
             for task in helpers:
                 task.cancel()
             log.info("worker %s disconnected (%d leases held)", conn.worker_id, len(conn.held))
@@ -294,7 +295,8 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             return
         for reason, keys in by_reason.items():
             for key in keys:
-                conn.held.pop(key, None)
+                held = conn.held.pop(key, None)
+                tracing.leases_ended([held.trace if held is not None else None], reason)
             self.stats["stops"][reason] += len(keys)
             conn.send(pb.ServerMessage(stop=pb.Stop(
                 leases=[pb.LeaseRef(step_id=s, lease_generation=g) for s, g in keys], reason=reason)))

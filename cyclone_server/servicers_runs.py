@@ -13,7 +13,7 @@ import grpc
 
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
-from . import convert, definitions
+from . import convert, definitions, tracing
 from .batching import EnqueueBatcher
 from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
@@ -65,15 +65,20 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         # the absolute deadline computed from it, which differs on every repeat.
         fingerprint = (request.workflow, request.version, input_, request.priority,
                        _fingerprint_time(request, "deadline"), _fingerprint_duration(request, "deadline_in"))
-        run_id, created = await self.engine.submit_run(
-            request.workflow, version=request.version, input=input_, priority=request.priority,
-            idempotency_key=request.idempotency_key or None, deadline=deadline, request_fingerprint=fingerprint)
+        with tracing.submit_span("SubmitRun", context.invocation_metadata(), workflow=request.workflow) as span:
+            run_id, created = await self.engine.submit_run(
+                request.workflow, version=request.version, input=input_, priority=request.priority,
+                idempotency_key=request.idempotency_key or None, deadline=deadline, request_fingerprint=fingerprint,
+                trace_context=span.context)
+            span.created([run_id], [created])
         return runs_pb2.SubmitRunResponse(run_id=run_id, created=created)
 
     @rpc
     async def Enqueue(self, request: runs_pb2.EnqueueRequest,
                       context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueResponse:
-        run_id, step_id, created = await self.enqueuer.enqueue(_job_of(request))
+        with tracing.submit_span("Enqueue", context.invocation_metadata(), kind=request.kind) as span:
+            run_id, step_id, created = await self.enqueuer.enqueue(_job_of(request, span.context))
+            span.created([run_id], [created])
         return runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
 
     @rpc
@@ -81,13 +86,15 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
                           context: grpc.aio.ServicerContext) -> runs_pb2.EnqueueManyResponse:
         if len(request.jobs) > ENQUEUE_MANY_MAX:  # before reading any of them
             raise InvalidArgument(f"jobs: {len(request.jobs)} jobs, over the limit of {ENQUEUE_MANY_MAX} per call")
-        jobs = []
-        for i, r in enumerate(request.jobs):
-            try:
-                jobs.append(_job_of(r))
-            except InvalidArgument as e:
-                raise InvalidArgument(f"jobs[{i}].{e.message}") from None
-        rows = await self.engine.enqueue_many(jobs)
+        with tracing.submit_span("EnqueueMany", context.invocation_metadata()) as span:
+            jobs = []
+            for i, r in enumerate(request.jobs):
+                try:
+                    jobs.append(_job_of(r, span.context))
+                except InvalidArgument as e:
+                    raise InvalidArgument(f"jobs[{i}].{e.message}") from None
+            rows = await self.engine.enqueue_many(jobs)
+            span.created([r[0] for r in rows], [r[2] for r in rows])
         return runs_pb2.EnqueueManyResponse(jobs=[
             runs_pb2.EnqueueResponse(run_id=run_id, step_id=step_id, created=created)
             for run_id, step_id, created in rows])
@@ -203,8 +210,9 @@ def _fingerprint_duration(request: Any, name: str) -> float | None:
     return convert.duration_seconds(request, name)
 
 
-def _job_of(request: runs_pb2.EnqueueRequest) -> Job:
-    """An Enqueue request (or one job of EnqueueMany), read and checked as far as the wire goes."""
+def _job_of(request: runs_pb2.EnqueueRequest, trace_context: dict[str, str] | None = None) -> Job:
+    """An Enqueue request (or one job of EnqueueMany), read and checked as far as the wire goes;
+    its run keeps `trace_context`."""
     required(request.kind, "kind")
     plain_text(request.idempotency_key, "idempotency_key")
     deadline = deadline_of(request)
@@ -219,7 +227,8 @@ def _job_of(request: runs_pb2.EnqueueRequest) -> Job:
     fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
                    _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
     return Job(request.kind, input=input_, priority=request.priority, idempotency_key=request.idempotency_key or None,
-               deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint)
+               deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint,
+               trace_context=trace_context)
 
 
 def _filters_hash(states: list[str], workflow: str, after: datetime | None, before: datetime | None) -> str:

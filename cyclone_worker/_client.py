@@ -15,6 +15,7 @@ import grpc
 from ._channel import auth_metadata, open_channel
 from ._errors import CycloneClientError, RunCancelled, RunFailed
 from ._models import KindStats, Run, WorkflowInfo
+from ._tracing import trace_metadata
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
 from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
@@ -144,9 +145,10 @@ class Client:
         stub = stub_cls(self._open())
         try:
             # wait_for_ready: a call made while the server restarts waits for it (up to the
-            # call's deadline) instead of failing at once with UNAVAILABLE.
+            # call's deadline) instead of failing at once with UNAVAILABLE. The current span's
+            # W3C context goes along: a run submitted under it joins its trace.
             return await getattr(stub, method)(request, timeout=timeout or self._rpc_timeout,
-                                               metadata=self._metadata, wait_for_ready=True)
+                                               metadata=self._metadata + trace_metadata(), wait_for_ready=True)
         except grpc.aio.AioRpcError as e:
             raise CycloneClientError.from_rpc(e) from None
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ._context import Context
 from ._errors import Permanent, outcome_of
 from ._models import enum_name
+from ._tracing import traced
 from cyclone_proto import workers_pb2
 from ._values import to_duration, to_value
 
@@ -120,7 +121,7 @@ class LeaseTable:
         self.held[h.key] = h
         self.counts["leases"] += 1
         if not self.draining:
-            h.task = asyncio.create_task(self._execute(h), name=f"cyclone-step-{lease.node}-{lease.step_id}")
+            h.task = asyncio.create_task(traced(h, self._execute), name=f"cyclone-step-{lease.node}-{lease.step_id}")
 
     def stop(self, ref: workers_pb2.LeaseRef, reason: str) -> None:
         h = self.held.get((ref.step_id, ref.lease_generation))

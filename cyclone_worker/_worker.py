@@ -23,6 +23,7 @@ from ._context import Context, set_event
 from ._leases import LeaseTable
 from cyclone_proto import workers_pb2, workers_pb2_grpc
 from ._session import Disconnected, Session, reconnectable
+from . import _tracing
 
 __all__ = ["Worker", "Reconnect", "Handler"]
 
@@ -216,6 +217,7 @@ class Worker:
         if not self._handlers:
             raise ValueError("a worker needs at least one handler (@worker.handler(kind))")
         self._loop = asyncio.get_running_loop()
+        _tracing.install_provider("cyclone-worker")  # only when OTEL_* variables ask for it
         # Twice the slots: a thread handler that ignores a Stop keeps its thread a while.
         executor = ThreadPoolExecutor(max_workers=max(4, 2 * self.slots), thread_name_prefix="cyclone-handler")
         pool = None
@@ -245,6 +247,7 @@ class Worker:
             executor.shutdown(wait=False, cancel_futures=True)
             if pool is not None:
                 await pool.close()
+            await asyncio.to_thread(_tracing.flush)
 
     async def _connect_loop(self, stub: workers_pb2_grpc.WorkersStub) -> None:
         from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never, wait_exponential,

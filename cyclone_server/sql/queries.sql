@@ -18,12 +18,14 @@ SELECT DISTINCT ON (name, CASE WHEN %(all_versions)s THEN version END)
 
 -- name: run_submit
 SELECT run_id, created FROM cyclone_run_submit(%(workflow)s, %(version)s, %(input)s, %(priority)s,
-                                               %(idempotency_key)s, %(request_hash)s, %(deadline)s);
+                                               %(idempotency_key)s, %(request_hash)s, %(deadline)s,
+                                               p_trace_context => %(trace_context)s);
 
 -- name: job_enqueue
 SELECT run_id, step_id, created FROM cyclone_job_enqueue(%(node)s, %(input)s, %(priority)s,
                                                           %(idempotency_key)s, %(request_hash)s,
-                                                          %(deadline)s, %(scheduled_at)s);
+                                                          %(deadline)s, %(scheduled_at)s,
+                                                          p_trace_context => %(trace_context)s);
 
 -- name: jobs_enqueue
 SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s) ORDER BY idx;

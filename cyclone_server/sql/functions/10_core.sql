@@ -395,17 +395,21 @@ BEGIN
       FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
      WHERE d.step_id = p_step_id;
 
+    -- The child run joins its parent's trace.
     cr := cyclone__run_create(wf.name, wf.version, wf.definition -> 'nodes', child_input, r.priority,
-                              NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1);
+                              NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1, r.trace_context);
     UPDATE cyclone_steps SET child_run_id = cr.id WHERE id = p_step_id;
 END $$;
 
 -- Insert a run in state running with its steps and edges, all in the caller's transaction.
 -- p_nodes holds fully defaulted node definitions (definitions.py).
+-- p_trace_context: the W3C trace context to keep with the run (see migration 0007).
+DROP FUNCTION IF EXISTS cyclone__run_create(text, integer, jsonb, jsonb, integer, text, text, timestamptz,
+                                            timestamptz, uuid, uuid, integer);
 CREATE OR REPLACE FUNCTION cyclone__run_create(
     p_workflow text, p_version integer, p_nodes jsonb, p_input jsonb, p_priority integer,
     p_idempotency_key text, p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz,
-    p_parent_run_id uuid, p_parent_step_id uuid, p_depth integer)
+    p_parent_run_id uuid, p_parent_step_id uuid, p_depth integer, p_trace_context jsonb DEFAULT NULL)
 RETURNS cyclone_runs LANGUAGE plpgsql AS $$
 DECLARE
     r cyclone_runs;
@@ -415,10 +419,10 @@ DECLARE
 BEGIN
     INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
                               idempotency_key, request_hash, deadline_at, parent_run_id,
-                              parent_step_id, depth, retention)
+                              parent_step_id, depth, trace_context, retention)
     VALUES (cyclone_uuid7(), p_workflow, p_version, 'running', COALESCE(p_input, 'null'::jsonb),
             p_priority, p_idempotency_key, p_request_hash, p_deadline, p_parent_run_id,
-            p_parent_step_id, p_depth,
+            p_parent_step_id, p_depth, p_trace_context,
             (SELECT max(make_interval(secs => (n ->> 'retention')::float8))
                FROM jsonb_array_elements(p_nodes) n WHERE n ->> 'retention' IS NOT NULL))
     RETURNING * INTO r;

@@ -38,9 +38,13 @@ END $$;
 -- The (new) -> running transition of a run and (new) -> pending | available | waiting_* of
 -- its steps, in one transaction. With an idempotency key, a repeat of the same request
 -- (same p_request_hash) returns the existing run; a different request is refused.
+-- p_trace_context (in every function here): the submitter's W3C trace context, or NULL.
+DROP FUNCTION IF EXISTS cyclone__run_begin(text, integer, jsonb, jsonb, integer, text, text, timestamptz,
+                                           timestamptz);
 CREATE OR REPLACE FUNCTION cyclone__run_begin(
     p_workflow text, p_version integer, p_nodes jsonb, p_input jsonb, p_priority integer,
-    p_idempotency_key text, p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz)
+    p_idempotency_key text, p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz,
+    p_trace_context jsonb DEFAULT NULL)
 RETURNS TABLE (run_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -61,14 +65,15 @@ BEGIN
         END IF;
     END IF;
     r := cyclone__run_create(p_workflow, p_version, p_nodes, p_input, p_priority, p_idempotency_key,
-                             p_request_hash, p_deadline, p_scheduled_at, NULL, NULL, 0);
+                             p_request_hash, p_deadline, p_scheduled_at, NULL, NULL, 0, p_trace_context);
     RETURN QUERY SELECT r.id, true;
 END $$;
 
 -- SubmitRun: a run of a registered workflow (p_version 0 or NULL: the latest version).
+DROP FUNCTION IF EXISTS cyclone_run_submit(text, integer, jsonb, integer, text, text, timestamptz);
 CREATE OR REPLACE FUNCTION cyclone_run_submit(
     p_workflow text, p_version integer, p_input jsonb, p_priority integer,
-    p_idempotency_key text, p_request_hash text, p_deadline timestamptz)
+    p_idempotency_key text, p_request_hash text, p_deadline timestamptz, p_trace_context jsonb DEFAULT NULL)
 RETURNS TABLE (run_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -85,14 +90,16 @@ BEGIN
     END IF;
     RETURN QUERY SELECT * FROM cyclone__run_begin(wf.name, wf.version, wf.definition -> 'nodes', p_input,
                                                   p_priority, p_idempotency_key, p_request_hash,
-                                                  p_deadline, NULL);
+                                                  p_deadline, NULL, p_trace_context);
 END $$;
 
 -- Enqueue: a standalone job, that is a one-node run with no workflow. p_node is the
 -- defaulted definition of its single node.
+DROP FUNCTION IF EXISTS cyclone_job_enqueue(jsonb, jsonb, integer, text, text, timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION cyclone_job_enqueue(
     p_node jsonb, p_input jsonb, p_priority integer, p_idempotency_key text,
-    p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz)
+    p_request_hash text, p_deadline timestamptz, p_scheduled_at timestamptz,
+    p_trace_context jsonb DEFAULT NULL)
 RETURNS TABLE (run_id uuid, step_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -100,13 +107,13 @@ DECLARE
 BEGIN
     SELECT * INTO b FROM cyclone__run_begin(NULL, NULL, jsonb_build_array(p_node), p_input, p_priority,
                                             p_idempotency_key, p_request_hash, p_deadline,
-                                            p_scheduled_at);
+                                            p_scheduled_at, p_trace_context);
     RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
 END $$;
 
 -- EnqueueMany: standalone jobs in one transaction, in array order, all or none. Each
 -- element of p_jobs is {node, input, priority, idempotency_key, request_hash, deadline,
--- scheduled_at} as cyclone_job_enqueue takes them. An error names the job by its index
+-- scheduled_at, trace_context} as cyclone_job_enqueue takes them. An error names the job by its index
 -- ("jobs[3]: ...") and keeps its SQLSTATE, detail and hint.
 CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid, created boolean)
@@ -137,7 +144,8 @@ BEGIN
                                                     COALESCE((j.e ->> 'priority')::integer, 0),
                                                     j.e ->> 'idempotency_key', j.e ->> 'request_hash',
                                                     (j.e ->> 'deadline')::timestamptz,
-                                                    (j.e ->> 'scheduled_at')::timestamptz) AS e;
+                                                    (j.e ->> 'scheduled_at')::timestamptz,
+                                                    NULLIF(j.e -> 'trace_context', 'null')) AS e;
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, code = RETURNED_SQLSTATE,

@@ -16,13 +16,14 @@
 -- available -> running, for up to p_limit steps of the given kinds, priority then FIFO.
 -- The claim writes exactly what the document lists; the attempt does not change.
 -- `waited` is how long each step was claimable before this claim (dispatch latency).
+-- `trace_context` is the run's, for the lease.
 DROP FUNCTION IF EXISTS cyclone_steps_claim(text, text[], integer, interval);
 CREATE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
                                     p_lease_ttl interval)
 RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer, attempt integer,
                max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
                lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
-               input jsonb, parents jsonb)
+               input jsonb, parents jsonb, trace_context jsonb)
 LANGUAGE sql
 -- Postgres 18 caches a generic plan for this body too, made from the statistics of the
 -- moment: one made while the tables were small may scan them. Every lookup here has an
@@ -60,7 +61,8 @@ AS $$
                        FROM cyclone_step_deps d
                       CROSS JOIN LATERAL (SELECT p.node, p.output FROM cyclone_steps p
                                            WHERE p.id = d.dep_id OFFSET 0) p
-                      WHERE d.step_id = c.id), '{}'::jsonb)
+                      WHERE d.step_id = c.id), '{}'::jsonb),
+           r.trace_context
       FROM claimed c JOIN cyclone_runs r ON r.id = c.run_id
      ORDER BY c.priority, c.scheduled_at, c.id
 $$;
