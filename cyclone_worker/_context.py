@@ -120,6 +120,10 @@ class Context:
         self.attempt_deadline: datetime | None = (
             from_timestamp(lease.attempt_deadline) if lease.HasField("attempt_deadline") else None)
         self.worker_id = worker_id
+        #: The W3C trace context the step runs under (Lease.trace_context; "" when none). With
+        #: the `otel` extra the handler's span is current already; these are for logs.
+        self.traceparent: str = lease.trace_context.traceparent
+        self.tracestate: str = lease.trace_context.tracestate
         self.cancelled = CancelFlag(loop)
         self._pool = pool
         # Set once completion_tx committed: the step is already completed in the database.
