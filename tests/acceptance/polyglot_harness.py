@@ -195,11 +195,13 @@ class Runs:
         self.workflows = workflows_pb2_grpc.WorkflowsStub(channel)
         self.runs = runs_pb2_grpc.RunsStub(channel)
 
-    async def start(self, name: str, nodes: Sequence[types_pb2.Node], input: Any = None) -> str:
+    async def start(self, name: str, nodes: Sequence[types_pb2.Node], input: Any = None,
+                    metadata: Sequence[tuple[str, str]] = ()) -> str:
         await self.workflows.RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(name=name, nodes=nodes))
         value = struct_pb2.Value()
         json_format.ParseDict(input, value)
-        return (await self.runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow=name, input=value))).run_id
+        request = runs_pb2.SubmitRunRequest(workflow=name, input=value)
+        return (await self.runs.SubmitRun(request, metadata=tuple(metadata))).run_id
 
     async def wait(self, run_id: str, timeout: float = DEADLINE) -> types_pb2.Run:
         reply = await self.runs.WaitRun(runs_pb2.WaitRunRequest(run_id=run_id, timeout=seconds(timeout)),

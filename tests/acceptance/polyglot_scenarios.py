@@ -169,3 +169,23 @@ class WorkerScenarios(WorkerFixtures):
         # Hello listed the held lease, the server kept it, and the result was applied under it.
         assert (done.lease_generation, done.reclaims, done.lease_owner) == (1, 0, worker.worker_id)
         assert worker.log_text().count("welcome from") == 2
+
+    async def test_the_lease_carries_the_submitters_trace_context(self, server: Any, runs: Runs,
+                                                                   launch_worker: Any) -> None:
+        launch_worker(self.lang, server.address, {"traced": "trace"})
+        traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        traced = await runs.start("traced", [task("a", "traced"), task("b", "traced", ["a"])], metadata=(
+            ("traceparent", traceparent), ("tracestate", "congo=t61rcWkgMzE")))
+        plain = await runs.start("plain", [task("a", "traced")])
+        run = await runs.wait(traced)
+        # Every step of the run got the submitter's context (the server does not trace here),
+        # parsed by the worker into its ids and sampled flag.
+        expected = {"lang": self.lang, "traceparent": traceparent, "tracestate": "congo=t61rcWkgMzE",
+                    "trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331", "sampled": True}
+        if self.lang == "go":
+            expected["from_context"] = True  # the handler's context.Context carries it too
+        assert [to_py(step_of(run, n).output) for n in ("a", "b")] == [expected, expected]
+        without = {"lang": self.lang, "traceparent": ""}
+        if self.lang == "go":
+            without["from_context"] = True
+        assert to_py(step_of(await runs.wait(plain), "a").output) == without

@@ -45,7 +45,7 @@ func (w *Worker) startLease(l *pb.Lease) {
 	lease := leaseFromWire(l)
 	// The handler's context outlives the stream: a handler keeps running across a
 	// reconnect, and only Stop, a lost lease or the end of Run cancels it.
-	hctx, cancel := context.WithCancel(context.Background())
+	hctx, cancel := context.WithCancel(context.WithValue(context.Background(), traceKey{}, lease.Trace))
 	h := &held{lease: lease, cancel: cancel}
 	w.mu.Lock()
 	if _, dup := w.held[key]; dup {
@@ -61,7 +61,8 @@ func (w *Worker) startLease(l *pb.Lease) {
 	if !h.started {
 		return
 	}
-	w.opts.Logf("lease %s %s/%d attempt %d", lease.Node, lease.StepID, lease.LeaseGeneration, lease.Attempt)
+	w.opts.Logf("lease %s %s/%d attempt %d trace %s", lease.Node, lease.StepID, lease.LeaseGeneration, lease.Attempt,
+		traceLabel(lease.Trace))
 	go func() {
 		out, err := w.call(hctx, lease)
 		w.mu.Lock()

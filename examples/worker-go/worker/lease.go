@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,9 @@ type Lease struct {
 	// Parents holds the outputs of the node's dependencies, by node id.
 	Parents         map[string]interface{}
 	AttemptDeadline time.Time
+	// Trace is the W3C trace context to run the handler under (Lease.trace_context), nil
+	// when the run has none. The handler's context carries it too (TraceFromContext).
+	Trace *TraceContext
 
 	stopReason atomic.Value // string, set before the handler's context is cancelled
 }
@@ -93,7 +97,50 @@ func leaseFromWire(l *pb.Lease) *Lease {
 	if l.AttemptDeadline != nil {
 		lease.AttemptDeadline = l.AttemptDeadline.AsTime()
 	}
+	lease.Trace = parseTraceContext(l.GetTraceContext())
 	return lease
+}
+
+// TraceContext is a lease's W3C trace context (https://www.w3.org/TR/trace-context/).
+// Start the handler's span as a child of SpanID in trace TraceID; with OpenTelemetry,
+// propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent":
+// t.Traceparent, "tracestate": t.Tracestate}) gives the parent. Pass Traceparent and
+// Tracestate on (as metadata `traceparent` / `tracestate`) when the handler submits
+// runs, so they join the same trace.
+type TraceContext struct {
+	Traceparent string // "00-<trace id>-<parent span id>-<flags>"
+	Tracestate  string // vendor entries, passed on as is; may be empty
+	TraceID     string // 32 hex digits
+	SpanID      string // 16 hex digits: the parent of the handler's span
+	Sampled     bool   // flag 01: the trace is recorded upstream
+}
+
+var traceparentRE = regexp.MustCompile(`^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$`)
+
+// parseTraceContext reads Lease.trace_context; nil when absent or malformed (the server
+// sends only well-formed ones, but a worker must not trust that blindly).
+func parseTraceContext(tc *pb.TraceContext) *TraceContext {
+	if tc == nil || tc.Traceparent == "" {
+		return nil
+	}
+	m := traceparentRE.FindStringSubmatch(tc.Traceparent)
+	if m == nil || m[1] == "ff" || (m[1] == "00" && m[5] != "") ||
+		m[2] == "00000000000000000000000000000000" || m[3] == "0000000000000000" {
+		return nil
+	}
+	var flags int
+	fmt.Sscanf(m[4], "%x", &flags)
+	return &TraceContext{Traceparent: tc.Traceparent, Tracestate: tc.Tracestate, TraceID: m[2], SpanID: m[3],
+		Sampled: flags&1 == 1}
+}
+
+type traceKey struct{}
+
+// TraceFromContext returns the trace context of the lease a handler's context belongs
+// to, or nil.
+func TraceFromContext(ctx context.Context) *TraceContext {
+	t, _ := ctx.Value(traceKey{}).(*TraceContext)
+	return t
 }
 
 // toValue turns any JSON-marshalable value into a google.protobuf.Value by way of
@@ -146,4 +193,12 @@ func resultFor(l *Lease, out interface{}, err error, maxPayload int64) *pb.StepR
 		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error()}}
 	}
 	return r
+}
+
+// traceLabel names a lease's trace in log lines: "TRACEID/SPANID", or "-" without one.
+func traceLabel(t *TraceContext) string {
+	if t == nil {
+		return "-"
+	}
+	return t.TraceID + "/" + t.SpanID
 }

@@ -3,7 +3,8 @@
 //
 //   node dist/demo.js --address 127.0.0.1:7233 --slots 2 --marker-dir /tmp/m \
 //     --kind extract=succeed --kind flaky=fail:2 --kind broken=permanent \
-//     --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 --kind stuck=hang
+//     --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 --kind stuck=hang \
+//     --kind traced=trace
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
@@ -87,13 +88,21 @@ function behaviour(spec: string, markerDir: string, worker: string): Handler {
       const bytes = Number(arg ?? '2000000');
       return () => ({ blob: 'x'.repeat(bytes) });
     }
+    case 'trace':
+      // Returns the trace context the handler got, as parsed from the lease.
+      return (lease) => {
+        const t = lease.trace;
+        return t
+          ? { lang: LANG, traceparent: t.traceparent, tracestate: t.tracestate, trace_id: t.traceId, span_id: t.spanId, sampled: t.sampled }
+          : { lang: LANG, traceparent: '' };
+      };
     case 'hang':
       return (lease) => {
         fs.writeFileSync(path.join(markerDir, `${lease.stepId}.started`), worker);
         return new Promise(() => undefined);
       };
     default:
-      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES or hang`);
+      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang`);
   }
 }
 
@@ -129,7 +138,8 @@ async function main(): Promise<void> {
     handlers[spec.slice(0, eq)] = behaviour(spec.slice(eq + 1), args.markerDir, workerId);
   }
   const worker = new Worker({ address: args.address, handlers, slots: args.slots, workerId });
-  worker.on('lease', (l: Lease) => process.stderr.write(`lease ${l.node} ${l.stepId}/${l.leaseGeneration} attempt ${l.attempt}\n`));
+  worker.on('lease', (l: Lease) => process.stderr.write(
+    `lease ${l.node} ${l.stepId}/${l.leaseGeneration} attempt ${l.attempt} trace ${l.trace ? `${l.trace.traceId}/${l.trace.spanId}` : '-'}\n`));
   worker.on('ack', (l: Lease, status: string, detail: string) => process.stderr.write(`ack ${l.node} ${l.stepId}/${l.leaseGeneration} ${status} ${detail}\n`));
   for (const sig of ['SIGTERM', 'SIGINT'] as const) {
     process.on(sig, () => {

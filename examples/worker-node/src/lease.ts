@@ -2,6 +2,7 @@
 // outcome becomes a StepResult on the wire.
 
 import type { StepResult } from './gen/cyclone/v1/StepResult';
+import type { TraceContext__Output } from './gen/cyclone/v1/TraceContext';
 import { type Json, toDuration } from './wire';
 
 /** Everything a handler learns about the step it runs (Lease in workers.proto). */
@@ -17,6 +18,32 @@ export interface Lease {
   input: Json;
   parents: { [node: string]: Json };
   attemptDeadline?: Date;
+  /** The W3C trace context to run the handler under (Lease.trace_context); absent when the run has none. */
+  trace?: TraceContext;
+}
+
+/**
+ * A lease's W3C trace context (https://www.w3.org/TR/trace-context/). Start the handler's
+ * span as a child of `spanId`; with @opentelemetry/api,
+ * `propagation.extract(ROOT_CONTEXT, { traceparent, tracestate })` gives the parent context.
+ * Send `traceparent` / `tracestate` as call metadata when the handler submits runs, so they
+ * join the same trace.
+ */
+export interface TraceContext {
+  traceparent: string; // "00-<trace id>-<parent span id>-<flags>"
+  tracestate: string; // vendor entries, passed on as is; may be empty
+  traceId: string; // 32 hex digits
+  spanId: string; // 16 hex digits: the parent of the handler's span
+  sampled: boolean; // flag 01: the trace is recorded upstream
+}
+
+const TRACEPARENT = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$/;
+
+/** Lease.trace_context, parsed; undefined when absent or malformed. */
+export function parseTraceContext(tc: TraceContext__Output | null | undefined): TraceContext | undefined {
+  const m = tc?.traceparent ? TRACEPARENT.exec(tc.traceparent) : null;
+  if (!tc || !m || m[1] === 'ff' || (m[1] === '00' && m[5]) || /^0+$/.test(m[2]) || /^0+$/.test(m[3])) return undefined;
+  return { traceparent: tc.traceparent, tracestate: tc.tracestate, traceId: m[2], spanId: m[3], sampled: (parseInt(m[4], 16) & 1) === 1 };
 }
 
 /**

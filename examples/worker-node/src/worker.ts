@@ -17,10 +17,10 @@ import type { ServerMessage__Output } from './gen/cyclone/v1/ServerMessage';
 import type { StepResult } from './gen/cyclone/v1/StepResult';
 import type { WorkerMessage } from './gen/cyclone/v1/WorkerMessage';
 import type { WorkersClient } from './gen/cyclone/v1/Workers';
-import { type Handler, type Lease, Stopped, outcomeOf } from './lease';
+import { type Handler, type Lease, Stopped, outcomeOf, parseTraceContext } from './lease';
 import { fromStruct, fromValue, toDate, toDuration, toMillis, toValue } from './wire';
 
-export { type Handler, type Lease, Permanent, Retry, Snooze, Stopped } from './lease';
+export { type Handler, type Lease, type TraceContext, Permanent, Retry, Snooze, Stopped } from './lease';
 export type { Json } from './wire';
 
 export interface WorkerOptions {
@@ -250,6 +250,7 @@ export class Worker extends EventEmitter {
       runId: l.run_id, stepId: l.step_id, node: l.node, kind: l.kind, attempt: l.attempt,
       maxAttempts: l.max_attempts, reclaims: l.reclaims, leaseGeneration: l.lease_generation,
       input: fromValue(l.input), parents: fromStruct(l.parents), attemptDeadline: toDate(l.attempt_deadline),
+      trace: parseTraceContext(l.trace_context),
     };
     const h: Held = { lease, abort: new AbortController(), started: !this.draining, result: null, sentIn: 0 };
     this.held.set(key, h);

@@ -4,7 +4,8 @@
 //
 //	demo-worker --address 127.0.0.1:7233 --slots 2 --marker-dir /tmp/m \
 //	  --kind extract=succeed --kind flaky=fail:2 --kind broken=permanent \
-//	  --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 --kind stuck=hang
+//	  --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 --kind stuck=hang \
+//	  --kind traced=trace
 package main
 
 import (
@@ -130,13 +131,24 @@ func behaviour(spec, markerDir, workerID string) (worker.Handler, error) {
 		return func(_ context.Context, _ *worker.Lease) (interface{}, error) {
 			return map[string]string{"blob": strings.Repeat("x", n)}, nil
 		}, nil
+	case "trace":
+		// Returns the trace context the handler got, as parsed from the lease and as its
+		// context.Context carries it.
+		return func(ctx context.Context, l *worker.Lease) (interface{}, error) {
+			out := map[string]interface{}{"lang": lang, "traceparent": "", "from_context": worker.TraceFromContext(ctx) == l.Trace}
+			if t := l.Trace; t != nil {
+				out["traceparent"], out["tracestate"], out["trace_id"], out["span_id"], out["sampled"] =
+					t.Traceparent, t.Tracestate, t.TraceID, t.SpanID, t.Sampled
+			}
+			return out, nil
+		}, nil
 	case "hang":
 		return func(_ context.Context, l *worker.Lease) (interface{}, error) {
 			marker(l, "started", workerID)
 			select {} // until the process is killed
 		}, nil
 	}
-	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES or hang")
+	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang")
 }
 
 func main() {
