@@ -33,6 +33,8 @@ _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 # W3C asks to pass on at least 512 characters of tracestate; a longer one is dropped whole.
 MAX_TRACESTATE = 512
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
+# A submit span lists the run ids of at most this many runs (EnqueueMany makes up to 1000).
+MAX_NAMED_RUNS = 100
 
 _tracer: Any = None  # an OpenTelemetry Tracer once `configure` found tracing configured
 _api: Any = None  # (trace module, W3C propagator) with a tracer
@@ -123,10 +125,13 @@ class SubmitSpan:
         self.context = context
 
     def created(self, run_ids: Sequence[str], created: Sequence[bool]) -> None:
-        """Name the runs the call made or found (idempotency) on the span."""
+        """Name the runs the call made or found (idempotency) on the span: their count, and
+        their ids and whether each was new, up to MAX_NAMED_RUNS."""
         if self.span is not None:
-            self.span.set_attribute("cyclone.run_ids", list(run_ids))
-            self.span.set_attribute("cyclone.created", list(created))
+            self.span.set_attribute("cyclone.runs", len(run_ids))
+            if len(run_ids) <= MAX_NAMED_RUNS:
+                self.span.set_attribute("cyclone.run_ids", list(run_ids))
+                self.span.set_attribute("cyclone.created", list(created))
 
 
 @contextlib.contextmanager
