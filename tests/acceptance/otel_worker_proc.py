@@ -3,7 +3,8 @@
     python otel_worker_proc.py ADDRESS
 
 Kinds: `fetch` returns what the handler saw of its trace; `flaky` fails its first attempt,
-then returns the same. Runs until SIGTERM (then drains, and flushes its spans).
+then returns the same; `relay` enqueues a `fetch` job with the SDK client and returns
+that job's output (so it shows the context the handler passed on). Runs until SIGTERM (then drains, and flushes its spans).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cyclone_worker import Context, Worker
+from cyclone_worker import Client, Context, Worker
 
 
 def seen(ctx: Context) -> dict[str, Any]:
@@ -31,6 +32,12 @@ def main(address: str) -> None:
         if ctx.attempt == 1:
             raise RuntimeError("planned failure of the first attempt")
         return seen(ctx)
+
+    @worker.handler("relay")
+    async def relay(ctx: Context) -> dict[str, Any]:
+        async with Client(address) as client:
+            run_id = await client.enqueue("fetch")
+            return (await client.result(run_id, timeout=30))["fetch"]
 
     worker.run_sync()
 

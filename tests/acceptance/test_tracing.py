@@ -202,12 +202,17 @@ def test_one_run_is_one_trace_from_client_through_server_to_worker(
     assert stop(worker) == 0
 
 
-async def _submit_and_read(address: str, metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+RELAY = Workflow("relay").task("relay")
+
+
+async def _submit_and_read(address: str, metadata: tuple[tuple[str, str], ...] = (),
+                           workflow: Workflow = WORKFLOW) -> dict[str, Any]:
     async with Client(address) as client:
-        await client.register(WORKFLOW)
+        await client.register(workflow)
     async with grpc.aio.insecure_channel(address) as channel:
         runs = runs_pb2_grpc.RunsStub(channel)
-        run_id = (await runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="traced"), metadata=metadata)).run_id
+        request = runs_pb2.SubmitRunRequest(workflow=workflow.name)
+        run_id = (await runs.SubmitRun(request, metadata=metadata)).run_id
     async with Client(address) as client:
         return await client.result(run_id, timeout=DEADLINE)
 
@@ -226,6 +231,9 @@ def test_without_the_otel_environment_nothing_is_exported_and_the_context_still_
     # The server does not trace: the run keeps the caller's context, and every lease carries it.
     assert result["flaky"] == {"traceparent": traceparent, "tracestate": "congo=t61rcWkgMzE",
                                "otel_imported": True}
+    # A handler's client passes its lease's context on: the job it enqueues is in the same trace.
+    relayed = asyncio.run(_submit_and_read(server.address, (("traceparent", traceparent),), workflow=RELAY))
+    assert relayed["relay"]["traceparent"] == traceparent
     # Both processes stop cleanly (their exit flushes any spans they had): none reach the receiver.
     assert stop(worker) == 0
     assert server.terminate() == 0
@@ -277,3 +285,26 @@ def test_a_malformed_traceparent_is_ignored_and_logged_at_debug(
     log_text = server.log_text()
     assert "ignoring a malformed traceparent: '00-not-a-trace-context-01'" in log_text
     assert "Traceback" not in log_text
+
+
+def test_a_job_a_handler_enqueues_is_a_child_of_the_handlers_span(
+        receiver: OtlpReceiver, start_server: Any, db_url: str, launch_worker: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in otel_env(receiver).items():
+        monkeypatch.setenv(key, value)
+    server = start_server(db_url)
+    launch_worker(server.address, {**clean_env(), **otel_env(receiver)})
+    result = asyncio.run(_submit_and_read(server.address, workflow=RELAY))
+
+    def complete(spans: list[Span]) -> bool:
+        return {"handle relay", "cyclone.v1.Runs/Enqueue", "handle fetch"} <= {s.name for s in spans}
+
+    spans = receiver.wait_for(complete)
+    assert len({s.trace_id for s in spans}) == 1, spans  # no caller context: the server's submit span is the root
+    by_name = {s.name: s for s in spans}
+    root = by_name["cyclone.v1.Runs/SubmitRun"]
+    assert root.parent_id == ""
+    relay, enqueue, fetch = by_name["handle relay"], by_name["cyclone.v1.Runs/Enqueue"], by_name["handle fetch"]
+    assert enqueue.parent_id == relay.span_id  # the handler's span was current when it enqueued
+    assert fetch.parent_id == by_name["step fetch"].span_id and by_name["step fetch"].parent_id == enqueue.span_id
+    assert result["relay"]["traceparent"].startswith(f"00-{root.trace_id}-{by_name['step fetch'].span_id}-")
