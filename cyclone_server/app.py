@@ -232,7 +232,8 @@ class CycloneServer:
             await self.notifier.stop()
         if self.engine is not None:
             await self.engine.close()
-        await asyncio.to_thread(tracing.flush)
+        if tracing.enabled():
+            await asyncio.to_thread(tracing.flush)
         self._started.clear()
         log.info("cyclone-server stopped")
 

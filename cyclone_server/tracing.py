@@ -61,11 +61,16 @@ def configure() -> bool:
     return True
 
 
+def enabled() -> bool:
+    """True when this process records spans (`configure` found tracing configured)."""
+    return _tracer is not None
+
+
 def flush() -> None:
     """Export what is buffered (graceful stop)."""
     if _tracer is not None:
         from cyclone_worker._tracing import flush as sdk_flush
-        sdk_flush()
+        sdk_flush()  # a no-op unless the server set up the provider (it always does when tracing)
 
 
 # -- W3C trace context ---------------------------------------------------------------------

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._leases import Held
 
-__all__ = ["install_provider", "tracing_configured", "trace_metadata", "traced", "flush"]
+__all__ = ["install_provider", "installed", "tracing_configured", "trace_metadata", "traced", "flush"]
 
 log = logging.getLogger("cyclone_worker")
 
 _TRACER = "cyclone_worker"
 _api: Any = None  # the loaded OpenTelemetry API (a namespace), False when it is not installed
+_installed: Any = None  # the tracer provider install_provider set up, if any
 
 
 def _otel() -> Any:
@@ -92,7 +93,14 @@ def install_provider(default_service_name: str, env: Mapping[str, str] = os.envi
         if exporter is not None:
             provider.add_span_processor(BatchSpanProcessor(exporter))
     api.trace.set_tracer_provider(provider)
+    global _installed
+    _installed = provider
     return api.trace.get_tracer_provider()
+
+
+def installed() -> bool:
+    """True when install_provider set up this process's tracer provider (which `flush` flushes)."""
+    return _installed is not None
 
 
 def _exporter(name: str, env: Mapping[str, str]) -> Any:
@@ -117,13 +125,10 @@ def _exporter(name: str, env: Mapping[str, str]) -> Any:
 
 
 def flush(timeout_millis: int = 5000) -> None:
-    """Export the spans still buffered (at a graceful stop), when an SDK provider is in use."""
-    api = _otel()
-    if api is None:
-        return
-    force_flush = getattr(api.trace.get_tracer_provider(), "force_flush", None)
-    if force_flush is not None:
-        force_flush(timeout_millis)
+    """Export the spans still buffered (at a graceful stop) by the provider install_provider
+    set up; an application's own provider is the application's to flush."""
+    if _installed is not None:
+        _installed.force_flush(timeout_millis)
 
 
 def trace_metadata() -> tuple[tuple[str, str], ...]:

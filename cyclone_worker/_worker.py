@@ -247,7 +247,8 @@ class Worker:
             executor.shutdown(wait=False, cancel_futures=True)
             if pool is not None:
                 await pool.close()
-            await asyncio.to_thread(_tracing.flush)
+            if _tracing.installed():
+                await asyncio.to_thread(_tracing.flush)
 
     async def _connect_loop(self, stub: workers_pb2_grpc.WorkersStub) -> None:
         from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_never, wait_exponential,
