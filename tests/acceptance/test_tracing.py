@@ -205,6 +205,14 @@ def test_one_run_is_one_trace_from_client_through_server_to_worker(
 RELAY = Workflow("relay").task("relay")
 
 
+async def _enqueue_many_and_read(address: str, metadata: tuple[tuple[str, str], ...]) -> list[str]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        request = runs_pb2.EnqueueManyRequest(jobs=[runs_pb2.EnqueueRequest(kind="fetch")] * 2)
+        reply = await runs_pb2_grpc.RunsStub(channel).EnqueueMany(request, metadata=metadata)
+    async with Client(address) as client:
+        return [(await client.result(j.run_id, timeout=DEADLINE))["fetch"]["traceparent"] for j in reply.jobs]
+
+
 async def _submit_and_read(address: str, metadata: tuple[tuple[str, str], ...] = (),
                            workflow: Workflow = WORKFLOW) -> dict[str, Any]:
     async with Client(address) as client:
@@ -234,6 +242,8 @@ def test_without_the_otel_environment_nothing_is_exported_and_the_context_still_
     # A handler's client passes its lease's context on: the job it enqueues is in the same trace.
     relayed = asyncio.run(_submit_and_read(server.address, (("traceparent", traceparent),), workflow=RELAY))
     assert relayed["relay"]["traceparent"] == traceparent
+    # EnqueueMany: every job of the call keeps the call's context.
+    assert asyncio.run(_enqueue_many_and_read(server.address, (("traceparent", traceparent),))) == [traceparent] * 2
     # Both processes stop cleanly (their exit flushes any spans they had): none reach the receiver.
     assert stop(worker) == 0
     assert server.terminate() == 0
