@@ -31,6 +31,7 @@ MIN_CATCHUP_WINDOW = 1.0
 # Fire times found too late are counted one by one up to this many per pass; beyond, the
 # schedule jumps to the catch-up window and the rest are not counted.
 MAX_MISSES_COUNTED = 10_000
+MIN_EVERY, MAX_EVERY = 0.001, 100 * 365.25 * 86400  # seconds
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _US = timedelta(microseconds=1)
 
@@ -58,7 +59,7 @@ class Spec:
                                       "(minute hour day month weekday) or 6 (a seconds field first)")
             try:
                 self.zone
-            except (ZoneInfoNotFoundError, ValueError):
+            except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder or an overlong name
                 raise InvalidArgument(f"settings.cron.time_zone: {self.time_zone!r} is not a known IANA time zone "
                                       "(such as UTC or Europe/Paris)") from None
             try:
@@ -70,11 +71,18 @@ class Spec:
             assert self.every is not None
             if not self.every > 0:
                 raise InvalidArgument(f"settings.interval.every: must be > 0, got {self.every:g} s")
+            if not MIN_EVERY <= self.every <= MAX_EVERY:
+                raise InvalidArgument(f"settings.interval.every: must be between {MIN_EVERY:g} s and "
+                                      f"{MAX_EVERY:g} s (100 years), got {self.every:g} s")
             if not 0 <= self.offset < self.every:
                 raise InvalidArgument(f"settings.interval.offset: must be >= 0 and less than every "
                                       f"({self.every:g} s), got {self.offset:g} s")
         if self.start_at is not None and self.end_at is not None and self.end_at < self.start_at:
             raise InvalidArgument("settings.end_at: before start_at")
+        try:
+            self.next_after(datetime.now(timezone.utc))
+        except (OverflowError, ValueError):  # the first fire time would be past year 9999
+            raise InvalidArgument("settings.start_at: the first fire time is after the year 9999") from None
         return self
 
     @property

@@ -20,6 +20,8 @@ import collections
 import logging
 from datetime import datetime, timezone
 
+import psycopg
+
 from . import schedule_spec
 from .engine import Engine
 from .notify import Notifier
@@ -100,7 +102,7 @@ class Scheduler:
             for row in due:
                 try:
                     await self._fire(row)
-                except (asyncio.CancelledError, OSError):
+                except (asyncio.CancelledError, psycopg.OperationalError):  # the database: the whole pass waits
                     raise
                 except Exception as e:  # one schedule that cannot fire must not hold up the others
                     self.failed_passes += 1

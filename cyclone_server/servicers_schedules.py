@@ -38,7 +38,10 @@ def policy_of(value: int, field: str) -> str | None:
 
 def _not_for_schedules(msg: Any, where: str, *names: str) -> None:
     for name in names:
-        given = msg.HasField(name) if name in ("deadline", "scheduled_at") else bool(getattr(msg, name))
+        if name in ("deadline", "scheduled_at"):
+            given = convert.timestamp_dt(msg, name, field=f"{where}.{name}") is not None  # out of range: that first
+        else:
+            given = bool(getattr(msg, name))
         if given:
             raise InvalidArgument(f"{where}.{name}: not allowed in a schedule (each fire is a run of its own; "
                                   "deadline_in counts from each start)")
@@ -56,10 +59,9 @@ def settings_of(msg: schedules_pb2.ScheduleSettings) -> ScheduleSettings:
         r = msg.run
         _not_for_schedules(r, "settings.run", "idempotency_key", "deadline")
         try:
-            required(r.workflow, "workflow")
-            target = {"workflow": r.workflow, "version": non_negative(r.version, "version"),
-                      "input": convert.optional_value(r, "input"), "priority": r.priority,
-                      "deadline_in": convert.duration_seconds(r, "deadline_in", positive=True, maximum=MAX_DEADLINE_IN)}
+            deadline_in = convert.duration_seconds(r, "deadline_in", positive=True, maximum=MAX_DEADLINE_IN)
+            target = {"workflow": required(r.workflow, "workflow"), "version": non_negative(r.version, "version"),
+                      "input": convert.optional_value(r, "input"), "priority": r.priority, "deadline_in": deadline_in}
         except InvalidArgument as e:
             raise _prefixed("settings.run", e) from None
     elif which == "job":
@@ -173,7 +175,8 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
                             context: grpc.aio.ServicerContext) -> schedules_pb2.ListSchedulesResponse:
         limit = min(non_negative(request.limit, "limit") or LIST_DEFAULT, LIST_MAX)
         after = _decode_token(request.page_token) if request.page_token else None
-        rows = await self.engine.list_schedules(plain_text(request.name_prefix, "name_prefix"), limit=limit + 1, after=after)
+        prefix = plain_text(request.name_prefix, "name_prefix")
+        rows = await self.engine.list_schedules(prefix, limit=limit + 1, after=after)
         token = ""
         if len(rows) > limit:
             rows = rows[:limit]
@@ -195,16 +198,16 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
                             context: grpc.aio.ServicerContext) -> schedules_pb2.ScheduleActionResponse:
         name = _name(request.name)
         applied = await self.engine.pause_schedule(name)
-        return schedules_pb2.ScheduleActionResponse(schedule=schedule_to_proto(await self.engine.get_schedule(name)),
-                                                    applied=applied)
+        row = await self.engine.get_schedule(name)
+        return schedules_pb2.ScheduleActionResponse(schedule=schedule_to_proto(row), applied=applied)
 
     @rpc
     async def ResumeSchedule(self, request: schedules_pb2.ResumeScheduleRequest,
                              context: grpc.aio.ServicerContext) -> schedules_pb2.ScheduleActionResponse:
         name = _name(request.name)
         applied = await self.engine.resume_schedule(name)
-        return schedules_pb2.ScheduleActionResponse(schedule=schedule_to_proto(await self.engine.get_schedule(name)),
-                                                    applied=applied)
+        row = await self.engine.get_schedule(name)
+        return schedules_pb2.ScheduleActionResponse(schedule=schedule_to_proto(row), applied=applied)
 
     @rpc
     async def DeleteSchedule(self, request: schedules_pb2.DeleteScheduleRequest,
