@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shlex
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 from datetime import datetime, timezone
+from pathlib import Path
 
 import grpc
 import psycopg
@@ -247,3 +252,32 @@ async def test_the_sdk_client_makes_and_steers_schedules_that_a_worker_runs(serv
         with pytest.raises(CycloneClientError) as e:
             await client.create_schedule("bad", job=Job("beat"), every=0)
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "settings.interval.every" in e.value.message
+
+
+def documented_cli_lines() -> list[str]:
+    """The `cyclone schedules ...` lines of docs/operations.md's Schedules section."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("\n## Schedules\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("cyclone ")]
+
+
+def test_every_documented_cli_line_runs(server) -> None:
+    entry = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "CYCLONE_ADDRESS": server.address, "COLUMNS": "200"}
+    lines = documented_cli_lines()
+    assert len(lines) >= 8
+    outputs = {}
+    for line in lines:
+        argv = shlex.split(line, comments=True)[1:]
+        proc = subprocess.run([sys.executable, "-c", entry, *argv], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert proc.returncode == 0, f"{line}\n{proc.stderr}"
+        outputs[" ".join(argv[:3])] = proc.stdout
+    assert "fires 0" in outputs["schedules get invoices"] and "buffer_one" in outputs["schedules get invoices"]
+    assert "started" in outputs["schedules trigger invoices"]
+    listed = subprocess.run([sys.executable, "-c", entry, "schedules", "list", "--json"], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert [s["name"] for s in json.loads(listed.stdout)] == ["invoices"]  # heartbeat was deleted
+    bad = subprocess.run([sys.executable, "-c", entry, "schedules", "create", "x", "--job", "k", "--cron", "0 3 * *"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and "INVALID_ARGUMENT: settings.cron.expression" in bad.stderr
