@@ -212,8 +212,8 @@ class ScheduleSettings:
             raise InvalidArgument(f"settings.overlap: {self.overlap!r} is not an overlap policy "
                                   f"({', '.join(OVERLAP_POLICIES)})")
         for name in ("jitter", "catchup_window"):
-            if not 0 <= getattr(self, name) <= 366 * 86400:
-                raise InvalidArgument(f"settings.{name}: must be between 0 and 366 days, got {getattr(self, name):g} s")
+            if not 0 <= getattr(self, name) <= MAX_EVERY:
+                raise InvalidArgument(f"settings.{name}: must be between 0 and 100 years, got {getattr(self, name):g} s")
         if self.deadline_in is not None and not 0 < self.deadline_in <= 100 * 366 * 86400:
             raise InvalidArgument(f"settings.{self.target_field}.deadline_in: must be > 0 and at most 100 years")
         if len(self.note) > 1000 or "\x00" in self.note:

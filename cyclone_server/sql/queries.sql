@@ -190,7 +190,8 @@ SELECT pg_notify('cyclone_schedules', '');
 
 -- name: schedules_due
 -- The schedules whose next fire time is due, earliest first.
-SELECT name, spec, start_at, end_at, jitter, catchup_window, next_fire_at, next_due_at
+-- db_now: the scheduler decides with the database's clock, as the due check does.
+SELECT name, spec, start_at, end_at, jitter, catchup_window, next_fire_at, next_due_at, now() AS db_now
   FROM cyclone_schedules
  WHERE NOT paused AND next_due_at <= now()
  ORDER BY next_due_at

@@ -230,31 +230,37 @@ async def test_several_schedulers_start_each_fire_time_exactly_once(db_url: str,
     assert (await engine.get_schedule("s"))["fires"] == len(fired)
 
 
+def last_fall_back(before: datetime) -> datetime:
+    """Midnight UTC of the latest first Sunday of November (New York's autumn change) at least two days before."""
+    for year in (before.year, before.year - 1):
+        day = datetime(year, 11, 1, tzinfo=timezone.utc)
+        day += timedelta(days=(6 - day.weekday()) % 7)
+        if day + timedelta(days=2) < before:
+            return day
+    raise AssertionError("unreachable")
+
+
 async def test_catch_up_across_a_daylight_saving_change(engine: Engine, conn) -> None:
-    """Daily at 01:30 New York time, caught up from before the autumn change (2026-11-01,
-    when 01:00-02:00 happens twice): one fire that day. Hourly fires in both passes."""
+    """Daily at 01:30 New York time and hourly, caught up from before the latest autumn
+    change (01:00-02:00 happens twice): the daily one fires once that day, the hourly one
+    in both passes. Explicit instants: the fire times are in the past, nothing waits."""
     ny = "America/New_York"
-    window = 45 * 86400.0
-    await engine.create_schedule("daily", job("allow_all", Spec(cron="30 1 * * *", time_zone=ny),
-                                              catchup_window=window))
-    await engine.create_schedule("hourly", job("allow_all", Spec(cron="0 * * * *", time_zone=ny),
-                                               catchup_window=window))
-    start = datetime(2026, 10, 31, 4, 0, tzinfo=timezone.utc)
-    first = datetime.now(timezone.utc) - timedelta(seconds=window - 3600)
-    if start < first:  # the window must reach back to the change (true until mid-December 2026)
-        pytest.skip("the daylight-saving change of 2026-11-01 is older than the catch-up window")
-    for name, at in (("daily", datetime(2026, 10, 31, 5, 30, tzinfo=timezone.utc)),
-                     ("hourly", datetime(2026, 11, 1, 4, 0, tzinfo=timezone.utc))):
-        await conn.execute("UPDATE cyclone_schedules SET next_fire_at = %s, next_due_at = %s,"
-                           " spec = spec, end_at = %s WHERE name = %s", (at, at, datetime(2026, 11, 2, 12, 0,
-                                                                                           tzinfo=timezone.utc), name))
+    day = last_fall_back(datetime.now(timezone.utc))
+    window = 800 * 86400.0  # reaches back to it, whenever the test runs
+    for name, cron in (("daily", "30 1 * * *"), ("hourly", "0 * * * *")):
+        await engine.create_schedule(name, job("allow_all", Spec(cron=cron, time_zone=ny), catchup_window=window))
+    end = day + timedelta(days=1, hours=12)
+    for name, at in (("daily", day - timedelta(hours=18, minutes=30)),  # the day before, 01:30 EDT
+                     ("hourly", day + timedelta(hours=4))):  # 00:00 EDT
+        await conn.execute("UPDATE cyclone_schedules SET next_fire_at = %s, next_due_at = %s, end_at = %s"
+                           " WHERE name = %s", (at, at, end, name))
     await scheduler(engine).run_once()
-    utc = lambda f: f.astimezone(timezone.utc).strftime("%m-%d %H:%M")  # noqa: E731
+    utc = lambda f: (f - day).total_seconds() / 3600  # noqa: E731  (hours after midnight UTC of the change)
     daily = [utc(f) for f, _ in await runs_of(conn, "daily")]
-    assert daily == ["10-31 05:30", "11-01 05:30", "11-02 06:30"]  # EDT, EDT (first 01:30 only), EST
+    assert daily == [-18.5, 5.5, 24 + 6.5]  # 01:30 EDT, 01:30 EDT (its second pass skipped), 01:30 EST
     hourly = [utc(f) for f, _ in await runs_of(conn, "hourly")]
-    assert hourly[:4] == ["11-01 04:00", "11-01 05:00", "11-01 06:00", "11-01 07:00"]  # 00:00, 01:00 twice, 02:00
-    assert len(hourly) == len(set(hourly)) == 33  # 04:00 Nov 1 to 12:00 Nov 2 UTC, hourly
+    assert hourly[:4] == [4, 5, 6, 7]  # 00:00 EDT, 01:00 EDT, 01:00 EST, 02:00 EST
+    assert hourly == [4 + i for i in range(33)]  # every real hour up to end_at, none twice
     assert (await engine.get_schedule("daily"))["next_fire_at"] is None  # past end_at
 
 
