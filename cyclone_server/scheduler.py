@@ -95,6 +95,7 @@ class Scheduler:
     async def run_once(self) -> float:
         """Fire everything due, start released buffered fire times; seconds until the next due time."""
         self.passes += 1
+        failed = False
         while True:
             due = await self.engine.schedules_due(BATCH)
             for row in due:
@@ -104,16 +105,17 @@ class Scheduler:
                     raise
                 except Exception as e:  # one schedule that cannot fire must not hold up the others
                     self.failed_passes += 1
+                    failed = True
                     log.warning('schedule "%s": fire failed: %s', row["name"], e)
-            if len(due) < BATCH:
+            if len(due) < BATCH or failed:
                 break
         for r in await self.engine.release_schedules(BATCH):
             self.counts["started", r["name"]] += 1
         seconds, self._buffered = await self.engine.schedules_next_due()
         if seconds is None:
             return MAX_SLEEP
-        if seconds <= 0:  # became due during this pass
-            return 0.0
+        if seconds <= 0:  # became due during this pass, or could not fire: again now, or after a failure soon
+            return RETRY_AFTER if failed else 0.0
         return seconds
 
     async def _fire(self, row: dict) -> None:

@@ -299,3 +299,17 @@ async def test_bad_settings_are_invalid_argument_naming_the_field(engine: Engine
     assert e.value.message.startswith(message), e.value.message
     with pytest.raises(NotFound):
         await engine.get_schedule("bad")
+
+
+async def test_a_fire_time_that_already_has_its_run_is_not_started_again(engine: Engine, conn) -> None:
+    # A trigger took the very instant that later comes due as a fire time: the unique key
+    # holds, and the schedule moves on instead of failing on that fire time forever.
+    await engine.create_schedule("s", job("allow_all"))
+    fired = await engine.trigger_schedule("s")
+    await conn.execute("UPDATE cyclone_schedules SET next_fire_at = %(t)s, next_due_at = %(t)s WHERE name = 's'",
+                       {"t": fired["fire_at"]})
+    sched = scheduler(engine)
+    await sched.run_once()
+    assert await runs_of(conn, "s") == [(fired["fire_at"], "running")]
+    assert sched.failed_passes == 0
+    assert (await engine.get_schedule("s"))["next_fire_at"] > fired["fire_at"]

@@ -7,7 +7,8 @@
 
 -- Start the schedule's target as a run of fire time p_fire_at: SubmitRun or Enqueue as the
 -- API would (same functions), then the run is tagged with the schedule and fire time.
--- The unique key (schedule_name, schedule_fire_at) refuses a second run of one fire time.
+-- The unique key (schedule_name, schedule_fire_at) refuses a second run of one fire time;
+-- a fire time that already has its run (a trigger at that very instant) returns that run.
 CREATE OR REPLACE FUNCTION cyclone__schedule_start(p_name text, p_target jsonb, p_fire_at timestamptz)
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
@@ -15,6 +16,10 @@ DECLARE
     deadline timestamptz := now() + make_interval(secs => (p_target ->> 'deadline_in')::float8);
     priority integer := COALESCE((p_target ->> 'priority')::integer, 0);
 BEGIN
+    SELECT id INTO rid FROM cyclone_runs WHERE schedule_name = p_name AND schedule_fire_at = p_fire_at;
+    IF FOUND THEN
+        RETURN rid;
+    END IF;
     IF p_target ? 'job' THEN
         SELECT e.run_id INTO rid
           FROM cyclone_job_enqueue(p_target -> 'job', p_target -> 'input', priority, NULL, NULL, deadline, NULL) e;
