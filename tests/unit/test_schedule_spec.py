@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from cyclone_server.errors import InvalidArgument
-from cyclone_server.schedule_spec import MIN_CATCHUP_WINDOW, Spec, due_at, plan
+from cyclone_server.schedule_spec import MAX_MISSES_COUNTED, MIN_CATCHUP_WINDOW, Spec, due_at, plan
 
 NY = ZoneInfo("America/New_York")
 UTC = timezone.utc
@@ -119,3 +119,12 @@ def test_jitter_delays_the_due_time_within_its_bound() -> None:
     dues = [due_at(t, 30, rng) for _ in range(200)]
     assert all(t <= d <= t + timedelta(seconds=30) for d in dues) and len(set(dues)) > 100
     assert due_at(t, 0) == t and due_at(None, 30) is None
+
+
+def test_after_a_very_long_outage_the_miss_count_is_bounded_and_the_window_still_starts() -> None:
+    spec = Spec(every=0.001).check()  # 1000 fire times a second
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    oldest = now - timedelta(seconds=120)
+    p = plan(spec, oldest, oldest, now, catchup_window=60)
+    assert p.missed == MAX_MISSES_COUNTED
+    assert p.fire_at is not None and now - timedelta(seconds=60) < p.fire_at <= now
