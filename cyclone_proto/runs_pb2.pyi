@@ -97,7 +97,7 @@ class GetRunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("states", "workflow", "created_after", "created_before", "limit", "page_token", "include_steps")
+    __slots__ = ("states", "workflow", "created_after", "created_before", "limit", "page_token", "include_steps", "schedule", "schedule_fire_at")
     STATES_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class ListRunsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIRE_AT_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.RunState]
     workflow: str
     created_after: _timestamp_pb2.Timestamp
@@ -112,7 +114,9 @@ class ListRunsRequest(_message.Message):
     limit: int
     page_token: str
     include_steps: bool
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.RunState, str]]] = ..., workflow: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., include_steps: _Optional[bool] = ...) -> None: ...
+    schedule: str
+    schedule_fire_at: _timestamp_pb2.Timestamp
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.RunState, str]]] = ..., workflow: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., include_steps: _Optional[bool] = ..., schedule: _Optional[str] = ..., schedule_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")

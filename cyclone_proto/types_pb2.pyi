@@ -195,7 +195,7 @@ class Step(_message.Message):
     def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., type: _Optional[_Union[NodeType, str]] = ..., state: _Optional[_Union[StepState, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., max_reclaims: _Optional[int] = ..., snoozes: _Optional[int] = ..., priority: _Optional[int] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_owner: _Optional[str] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_generation: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_kind: _Optional[str] = ..., reason: _Optional[str] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., deps: _Optional[_Iterable[str]] = ..., child_run_id: _Optional[str] = ..., cancel_cause: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("id", "workflow", "workflow_version", "state", "input", "result", "priority", "idempotency_key", "deadline", "parent_run_id", "parent_step_id", "created_at", "updated_at", "finished_at", "steps")
+    __slots__ = ("id", "workflow", "workflow_version", "state", "input", "result", "priority", "idempotency_key", "deadline", "parent_run_id", "parent_step_id", "created_at", "updated_at", "finished_at", "steps", "schedule_name", "schedule_fire_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,8 @@ class Run(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIRE_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     workflow: str
     workflow_version: int
@@ -226,4 +228,6 @@ class Run(_message.Message):
     updated_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     steps: _containers.RepeatedCompositeFieldContainer[Step]
-    def __init__(self, id: _Optional[str] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., priority: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ...) -> None: ...
+    schedule_name: str
+    schedule_fire_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[str] = ..., workflow: _Optional[str] = ..., workflow_version: _Optional[int] = ..., state: _Optional[_Union[RunState, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., result: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., priority: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., parent_step_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., schedule_name: _Optional[str] = ..., schedule_fire_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

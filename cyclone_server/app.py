@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
+from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 
 from .background import Background
 from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
@@ -28,13 +29,15 @@ from .handlers import CallGate, Registrar
 from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
 from . import tracing
+from .scheduler import Scheduler
+from .servicers_schedules import SchedulesServicer
 
 log = logging.getLogger("cyclone.server")
 
 SERVICE_NAMES = tuple(
     module.DESCRIPTOR.services_by_name[name].full_name
     for module, name in ((workflows_pb2, "Workflows"), (runs_pb2, "Runs"), (workers_pb2, "Workers"),
-                         (admin_pb2, "Admin"))
+                         (admin_pb2, "Admin"), (schedules_pb2, "Schedules"))
 )
 
 # A dead peer (a worker whose host vanished) must be noticed within seconds, not at the
@@ -98,6 +101,7 @@ class CycloneServer:
         self.notifier: Notifier | None = None
         self.hub: WorkerHub | None = None
         self.background: Background | None = None
+        self.scheduler: Scheduler | None = None
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runs: RunsServicer | None = None
@@ -134,6 +138,9 @@ class CycloneServer:
         self._started.append("hub")
         await self.background.start()
         self._started.append("background")
+        assert self.scheduler is not None
+        await self.scheduler.start()
+        self._started.append("scheduler")
         if s.metrics_listen:
             mhost, mport = parse_listen(s.metrics_listen)
             self.metrics_server = await serve_metrics(self.metrics, self.engine, mhost, mport)
@@ -168,6 +175,8 @@ class CycloneServer:
         workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), cyclone)
         runs_pb2_grpc.add_RunsServicer_to_server(self.runs, cyclone)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), cyclone)
+        schedules_pb2_grpc.add_SchedulesServicer_to_server(SchedulesServicer(self.engine), cyclone)
+        self.scheduler = Scheduler(self.engine, self.notifier)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,
                                      retention_default_age=s.retention_default_age)
@@ -201,6 +210,16 @@ class CycloneServer:
 
         m.add_source(refresh)
 
+        def refresh_schedules() -> None:
+            assert self.scheduler is not None
+            for (outcome, name), n in self.scheduler.counts.items():
+                family = {"started": m.schedule_fires_total, "missed": m.schedule_misses_total,
+                          "skipped": m.schedule_skips_total}.get(outcome)
+                if family is not None:
+                    family.set_total(n, schedule=name)
+
+        m.add_source(refresh_schedules)
+
     async def stop(self) -> None:
         """Graceful stop: no new work, running handlers and calls get `grace` seconds, then close.
 
@@ -221,6 +240,8 @@ class CycloneServer:
         if self.metrics_server is not None:
             await self.metrics_server.close()
             self.metrics_server = None
+        if "scheduler" in self._started and self.scheduler is not None:
+            await self.scheduler.stop()
         if "background" in self._started and self.background is not None:
             await self.background.stop()
         if "server" in self._started and self.server is not None:

@@ -45,6 +45,10 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     **{f"/cyclone.v1.Runs/{m}": ADMIN for m in ("CancelRun", "PauseRun", "ResumeRun", "RetryStep", "RetryAll",
                                                 "PurgeTerminalRuns")},
     **{f"/cyclone.v1.Workflows/{m}": SUBMIT for m in ("RegisterWorkflow", "GetWorkflow", "ListWorkflows")},
+    # A service that starts runs may own its schedules; pausing, resuming and deleting are operator actions.
+    **{f"/cyclone.v1.Schedules/{m}": SUBMIT for m in ("CreateSchedule", "GetSchedule", "ListSchedules",
+                                                      "UpdateSchedule", "TriggerSchedule")},
+    **{f"/cyclone.v1.Schedules/{m}": ADMIN for m in ("PauseSchedule", "ResumeSchedule", "DeleteSchedule")},
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")

@@ -341,6 +341,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p = leaf(wf, "get", cmd_workflows_get, "one workflow definition", "name")
     p.add_argument("--version", type=int, default=0, help="default: the latest")
     leaf(subparsers, "stats", cmd_stats, "backlog per step kind (Admin/GetStats)")
+    from . import cli_schedules; cli_schedules.register(subparsers, [common])  # noqa: E702  (imports cli_ops)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -308,6 +308,9 @@ def run_to_proto(row: dict[str, Any]) -> types_pb2.Run:
     _set_time(r, "deadline", row.get("deadline_at"))
     for name in ("created_at", "updated_at", "finished_at"):
         _set_time(r, name, row.get(name))
+    if row.get("schedule_name"):
+        r.schedule_name = row["schedule_name"]
+        _set_time(r, "schedule_fire_at", row.get("schedule_fire_at"))
     return r
 
 

@@ -174,10 +174,17 @@ class Metrics:
         self.dispatch_latency_seconds = Histogram(
             "cyclone_dispatch_latency_seconds", "From a step becoming claimable to its lease being pushed.",
             DISPATCH_BUCKETS)
+        self.schedule_fires_total = Counter("cyclone_schedule_fires_total",
+                                            "Runs started by this server's scheduler, per schedule.", ["schedule"])
+        self.schedule_misses_total = Counter(
+            "cyclone_schedule_misses_total", "Fire times found older than the catch-up window, skipped.", ["schedule"])
+        self.schedule_skips_total = Counter("cyclone_schedule_skips_total",
+                                            "Fire times skipped by the overlap policy.", ["schedule"])
         self._families: list[_Family] = [
             self.claims_total, self.completions_total, self.failures_total, self.reclaims_total,
             self.fenced_results_total, self.stream_reconnects_total, self.connected_workers,
-            self.dispatch_latency_seconds]
+            self.dispatch_latency_seconds,
+            self.schedule_fires_total, self.schedule_misses_total, self.schedule_skips_total]
         self._stats_inflight: asyncio.Future[list[dict[str, Any]]] | None = None
         self._sources: list[Callable[[], None]] = []
 

@@ -10,7 +10,7 @@ import psycopg
 
 log = logging.getLogger(__name__)
 
-CHANNELS = ("cyclone_available", "cyclone_run_ended")
+CHANNELS = ("cyclone_available", "cyclone_run_ended", "cyclone_schedules")
 
 
 class Notifier:

@@ -113,10 +113,14 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         plain_text(request.workflow, "workflow")
         after, before = convert.timestamp_dt(request, "created_after"), convert.timestamp_dt(request, "created_before")
         filters = _filters_hash(states, request.workflow, after, before)
+        schedule = plain_text(request.schedule, "schedule") or None
+        fire_at = convert.timestamp_dt(request, "schedule_fire_at")
+        if schedule or fire_at:  # the schedule filters join the hash only when given: older tokens stay valid
+            filters = _filters_hash(states, f"{request.workflow}\x00{schedule}\x00{fire_at}", after, before)
         cursor = _decode_page_token(request.page_token, filters) if request.page_token else None
         rows = await self.engine.list_runs(states=states, workflow=request.workflow or None, created_after=after,
                                            created_before=before, limit=limit + 1, after=cursor,
-                                           steps=request.include_steps)
+                                           steps=request.include_steps, schedule=schedule, schedule_fire_at=fire_at)
         token = ""
         if len(rows) > limit:
             rows = rows[:limit]

@@ -20,6 +20,7 @@ from ._context import CancelFlag, CompletionTx, Context
 from ._errors import (CycloneClientError, CycloneError, Fenced, HandlerError, Permanent, RetryAfter, RunCancelled,
                       RunFailed, Snooze)
 from ._models import TERMINAL_RUN_STATES, KindStats, Run, Step, StepError, WorkflowInfo
+from ._schedules import Schedule, ScheduleRun
 from ._worker import Handler, Reconnect, Worker
 from ._workflow import CancelBranch, FailRun, Workflow
 
@@ -29,4 +30,5 @@ __all__ = [
     "Client", "Job", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "TERMINAL_RUN_STATES",
     "CycloneError", "HandlerError", "Permanent", "RetryAfter", "Snooze", "Fenced", "CycloneClientError",
     "RunFailed", "RunCancelled",
+    "Schedule", "ScheduleRun",
 ]

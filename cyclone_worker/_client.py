@@ -16,9 +16,11 @@ from ._channel import auth_metadata, open_channel
 from ._errors import CycloneClientError, RunCancelled, RunFailed
 from ._models import KindStats, Run, WorkflowInfo
 from ._tracing import trace_metadata
+from ._schedules import Schedule, overlap_value, settings_proto
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
 from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
+from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 from ._workflow import Workflow
 
 __all__ = ["Client"]
@@ -256,7 +258,7 @@ class Client:
 
     async def list(self, *, states: Iterable[str] = (), workflow: str | None = None,
                    created_after: datetime | None = None, created_before: datetime | None = None,
-                   limit: int = 100, include_steps: bool = False) -> list[Run]:
+                   limit: int = 100, include_steps: bool = False, schedule: str | None = None) -> list[Run]:
         """Up to `limit` runs matching every filter, newest first (`states` are run state words).
 
         Example::
@@ -264,7 +266,7 @@ class Client:
             failed = await client.list(states=["failed"], workflow="etl", limit=20)
         """
         req = runs_pb2.ListRunsRequest(workflow=workflow or "", include_steps=include_steps,
-                                       states=[_run_state(s) for s in states])
+                                       states=[_run_state(s) for s in states], schedule=schedule or "")
         if created_after is not None:
             req.created_after.CopyFrom(to_timestamp(created_after, "created_after"))
         if created_before is not None:
@@ -398,3 +400,93 @@ class Client:
         """
         resp = await self._call(admin_pb2_grpc.AdminStub, "GetStats", admin_pb2.GetStatsRequest())
         return [KindStats.from_proto(k) for k in resp.kinds]
+
+    # -- schedules -------------------------------------------------------------------------
+
+    async def create_schedule(self, name: str, *, workflow: str | Workflow | None = None, job: Job | None = None,
+                              input: Any = None, version: int = 0, priority: int = 0,
+                              deadline_in: Seconds | None = None, cron: str | None = None, time_zone: str = "UTC",
+                              every: Seconds | None = None, offset: Seconds = 0,
+                              start_at: datetime | None = None, end_at: datetime | None = None,
+                              jitter: Seconds | None = None, note: str = "", overlap: str = "skip",
+                              catchup_window: Seconds | None = None, paused: bool = False) -> Schedule:
+        """Make a schedule that starts `workflow` (with `input`) or `job` on a `cron` expression
+        in `time_zone` or `every` seconds (at `offset`); the same name and settings again
+        return the existing schedule. `overlap`: skip, buffer_one, allow_all, cancel_previous.
+
+        Example::
+
+            await client.create_schedule("nightly", workflow="etl", input={"full": True},
+                                         cron="0 3 * * *", time_zone="Europe/Paris", overlap="buffer_one")
+            await client.create_schedule("ping", job=Job("ping", max_attempts=1), every=30)
+        """
+        settings = settings_proto(
+            workflow=workflow.name if isinstance(workflow, Workflow) else workflow, job=job, input=input,
+            version=version, priority=priority, deadline_in=deadline_in, cron=cron, time_zone=time_zone, every=every,
+            offset=offset, start_at=start_at, end_at=end_at, jitter=jitter, note=note, overlap=overlap,
+            catchup_window=catchup_window)
+        req = schedules_pb2.CreateScheduleRequest(name=name, settings=settings, paused=paused)
+        return Schedule.from_proto((await self._call(schedules_pb2_grpc.SchedulesStub, "CreateSchedule", req)).schedule)
+
+    async def update_schedule(self, name: str, **settings: Any) -> Schedule:
+        """Replace a schedule's settings (the arguments of `create_schedule` but `paused`).
+
+        Example::
+
+            await client.update_schedule("ping", job=Job("ping"), every=60)
+        """
+        args: dict[str, Any] = dict(workflow=None, job=None, input=None, version=0, priority=0, deadline_in=None,
+                                    cron=None, time_zone="UTC", every=None, offset=0, start_at=None, end_at=None,
+                                    jitter=None, note="", overlap="skip", catchup_window=None)
+        unknown = set(settings) - set(args)
+        if unknown:
+            raise TypeError(f"update_schedule: unknown argument {sorted(unknown)[0]!r}")
+        args.update(settings)
+        if isinstance(args["workflow"], Workflow):
+            args["workflow"] = args["workflow"].name
+        req = schedules_pb2.UpdateScheduleRequest(name=name, settings=settings_proto(**args))
+        return Schedule.from_proto(await self._call(schedules_pb2_grpc.SchedulesStub, "UpdateSchedule", req))
+
+    async def get_schedule(self, name: str) -> Schedule:
+        """A schedule with its 10 latest runs (`recent_runs`, newest first)."""
+        req = schedules_pb2.GetScheduleRequest(name=name)
+        return Schedule.from_proto(await self._call(schedules_pb2_grpc.SchedulesStub, "GetSchedule", req))
+
+    async def list_schedules(self, name_prefix: str = "") -> builtins.list[Schedule]:
+        """Every schedule whose name starts with `name_prefix`, by name."""
+        req = schedules_pb2.ListSchedulesRequest(name_prefix=name_prefix, limit=1000)
+        out: builtins.list[Schedule] = []
+        while True:
+            resp = await self._call(schedules_pb2_grpc.SchedulesStub, "ListSchedules", req)
+            out.extend(Schedule.from_proto(m) for m in resp.schedules)
+            if not resp.next_page_token:
+                return out
+            req.page_token = resp.next_page_token
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """Stop a schedule's fires (trigger_schedule still starts runs)."""
+        req = schedules_pb2.PauseScheduleRequest(name=name)
+        return Schedule.from_proto((await self._call(schedules_pb2_grpc.SchedulesStub, "PauseSchedule", req)).schedule)
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Fire again, from the first fire time after now."""
+        req = schedules_pb2.ResumeScheduleRequest(name=name)
+        resp = await self._call(schedules_pb2_grpc.SchedulesStub, "ResumeSchedule", req)
+        return Schedule.from_proto(resp.schedule)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule; its runs stay."""
+        req = schedules_pb2.DeleteScheduleRequest(name=name)
+        await self._call(schedules_pb2_grpc.SchedulesStub, "DeleteSchedule", req)
+
+    async def trigger_schedule(self, name: str, *, overlap: str | None = None) -> str | None:
+        """Start the schedule's target now; returns the run id, or None when the overlap policy
+        (the schedule's, or `overlap`) skipped or buffered it.
+
+        Example::
+
+            run_id = await client.trigger_schedule("nightly", overlap="allow_all")
+        """
+        req = schedules_pb2.TriggerScheduleRequest(name=name, overlap=overlap_value(overlap))
+        resp = await self._call(schedules_pb2_grpc.SchedulesStub, "TriggerSchedule", req)
+        return resp.run_id or None

@@ -133,6 +133,9 @@ class Run:
     updated_at: datetime | None = None
     finished_at: datetime | None = None
     steps: list[Step] = field(default_factory=list)
+    # Set for a run a schedule started: its name and the fire time.
+    schedule_name: str = ""
+    schedule_fire_at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -155,7 +158,8 @@ class Run:
             idempotency_key=r.idempotency_key, parent_run_id=r.parent_run_id,
             parent_step_id=r.parent_step_id, deadline=_time(r, "deadline"),
             created_at=_time(r, "created_at"), updated_at=_time(r, "updated_at"),
-            finished_at=_time(r, "finished_at"), steps=[Step.from_proto(s) for s in r.steps])
+            finished_at=_time(r, "finished_at"), steps=[Step.from_proto(s) for s in r.steps],
+            schedule_name=r.schedule_name, schedule_fire_at=_time(r, "schedule_fire_at"))
 
 
 @dataclass

@@ -127,8 +127,91 @@ SELECT * FROM cyclone_runs
    AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
    AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
    AND (%(after_id)s::uuid IS NULL OR (created_at, id) < (%(after_created)s, %(after_id)s))
+   AND (%(schedule)s::text IS NULL OR schedule_name = %(schedule)s)
+   AND (%(schedule_fire_at)s::timestamptz IS NULL OR schedule_fire_at = %(schedule_fire_at)s)
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s;
 
 -- name: kinds_stats
 SELECT kind, available, scheduled, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
+
+-- Schedules (functions/70_schedules.sql; fire times come from schedule_spec.py).
+
+-- name: schedule_insert
+-- A new schedule; nothing when the name is taken (the engine then compares settings_hash).
+INSERT INTO cyclone_schedules AS c (name, target, spec, settings_hash, start_at, end_at, jitter, note, overlap,
+                                    catchup_window, paused, next_fire_at, next_due_at)
+VALUES (%(name)s, %(target)s, %(spec)s, %(settings_hash)s, %(start_at)s, %(end_at)s, %(jitter)s, %(note)s,
+        %(overlap)s, %(catchup_window)s, %(paused)s, %(next_fire_at)s, %(next_due_at)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING c.*;
+
+-- name: schedule_update
+-- New settings; the counters, the pause and a buffered fire time are kept.
+UPDATE cyclone_schedules
+   SET target = %(target)s, spec = %(spec)s, settings_hash = %(settings_hash)s, start_at = %(start_at)s,
+       end_at = %(end_at)s, jitter = %(jitter)s, note = %(note)s, overlap = %(overlap)s,
+       catchup_window = %(catchup_window)s, next_fire_at = %(next_fire_at)s, next_due_at = %(next_due_at)s,
+       updated_at = now()
+ WHERE name = %(name)s
+RETURNING *;
+
+-- name: schedule_get
+SELECT * FROM cyclone_schedules WHERE name = %(name)s;
+
+-- name: schedule_recent_runs
+-- The latest runs of a schedule, newest first.
+SELECT id, state, schedule_fire_at, created_at, finished_at FROM cyclone_runs
+ WHERE schedule_name = %(name)s
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: schedules_list
+SELECT * FROM cyclone_schedules
+ WHERE name LIKE %(prefix)s || '%%' AND (%(after)s::text IS NULL OR name > %(after)s)
+ ORDER BY name
+ LIMIT %(limit)s;
+
+-- name: schedule_pause
+UPDATE cyclone_schedules SET paused = true, updated_at = now() WHERE name = %(name)s AND NOT paused RETURNING name;
+
+-- name: schedule_resume
+-- From paused only: the next fire time is computed anew from now (fire times that passed
+-- while paused are neither started nor counted).
+UPDATE cyclone_schedules
+   SET paused = false, next_fire_at = %(next_fire_at)s, next_due_at = %(next_due_at)s, updated_at = now()
+ WHERE name = %(name)s AND paused AND spec = %(spec)s
+RETURNING name;
+
+-- name: schedule_delete
+DELETE FROM cyclone_schedules WHERE name = %(name)s RETURNING name;
+
+-- name: schedules_changed
+-- Wakes the schedulers of every server (notify.py): a schedule was made, changed or resumed.
+SELECT pg_notify('cyclone_schedules', '');
+
+-- name: schedules_due
+-- The schedules whose next fire time is due, earliest first.
+-- db_now: the scheduler decides with the database's clock, as the due check does.
+SELECT name, spec, start_at, end_at, jitter, catchup_window, next_fire_at, next_due_at, now() AS db_now
+  FROM cyclone_schedules
+ WHERE NOT paused AND next_due_at <= now()
+ ORDER BY next_due_at
+ LIMIT %(limit)s;
+
+-- name: schedules_next_due
+-- Seconds until the earliest due time of a schedule that is not paused, and whether any
+-- fire time is buffered (the scheduler then also wakes when runs end).
+SELECT (SELECT extract(epoch FROM next_due_at - now())::float8 FROM cyclone_schedules
+          WHERE NOT paused AND next_due_at IS NOT NULL ORDER BY next_due_at LIMIT 1) AS seconds,
+       EXISTS (SELECT 1 FROM cyclone_schedules WHERE buffered_fire_at IS NOT NULL) AS buffered;
+
+-- name: schedule_fire
+SELECT outcome, run_id FROM cyclone_schedule_fire(%(name)s, %(expected)s, %(missed)s, %(fire_at)s,
+                                                   %(next_fire_at)s, %(next_due_at)s);
+
+-- name: schedule_trigger
+SELECT outcome, run_id, fire_at FROM cyclone_schedule_trigger(%(name)s, %(policy)s);
+
+-- name: schedules_release
+SELECT name, fire_at, run_id FROM cyclone_schedules_release(%(limit)s);

@@ -23,19 +23,23 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from cyclone_server import auth
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workers_pb2_grpc, workflows_pb2, workflows_pb2_grpc)
+from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 
 TOKENS = {"worker": "worker-token-0123456789", "submit": "submit-token-0123456789",
           "admin": "admin-token-01234567890", "both": "worker-and-submit-012345"}
 TOKENS_TEXT = "\n".join([f"{TOKENS['worker']} worker", f"{TOKENS['submit']} submit", f"{TOKENS['admin']} admin",
                          f"{TOKENS['both']} worker,submit"])
 SERVICES = ((runs_pb2, runs_pb2_grpc, "Runs"), (workflows_pb2, workflows_pb2_grpc, "Workflows"),
-            (admin_pb2, admin_pb2_grpc, "Admin"))
+            (admin_pb2, admin_pb2_grpc, "Admin"), (schedules_pb2, schedules_pb2_grpc, "Schedules"))
 
 # Written out here rather than read from auth.METHOD_ROLES, so the test states the policy.
 SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/EnqueueMany", "Runs/GetRun", "Runs/ListRuns", "Runs/WaitRun",
-               "Runs/Signal", "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows"]
+               "Runs/Signal", "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows",
+               "Schedules/CreateSchedule", "Schedules/GetSchedule", "Schedules/ListSchedules",
+               "Schedules/UpdateSchedule", "Schedules/TriggerSchedule"]
 ADMIN_RPCS = ["Runs/CancelRun", "Runs/PauseRun", "Runs/ResumeRun", "Runs/RetryStep", "Runs/RetryAll",
-              "Runs/PurgeTerminalRuns", "Admin/GetStats"]
+              "Runs/PurgeTerminalRuns", "Admin/GetStats", "Schedules/PauseSchedule", "Schedules/ResumeSchedule",
+              "Schedules/DeleteSchedule"]
 
 
 def _fixed_servicer(pb2: Any, grpc_module: Any, service: str) -> Any:
@@ -92,7 +96,7 @@ def _server_args(*argv: str) -> Any:
 
 def _request_class(method: str) -> Any:
     service, name = method.split("/")
-    pb2 = {"Runs": runs_pb2, "Workflows": workflows_pb2, "Admin": admin_pb2}[service]
+    pb2 = {"Runs": runs_pb2, "Workflows": workflows_pb2, "Admin": admin_pb2, "Schedules": schedules_pb2}[service]
     return message_factory.GetMessageClass(pb2.DESCRIPTOR.services_by_name[service].methods_by_name[name].input_type)
 
 

@@ -14,6 +14,7 @@ from google.protobuf import duration_pb2
 from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, to_timestamp
 from cyclone_proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
                                    workflows_pb2_grpc)
+from cyclone_proto import schedules_pb2
 
 from rpc_descriptors import DURATION, TIMESTAMP, field_at, time_fields, unary_rpcs
 from waits_helpers import secs
@@ -267,7 +268,16 @@ def valid_requests(run_id: str) -> dict[str, dict[str, Any]]:
         "Signal": {"run_id": run_id, "name": "go"},
         "PurgeTerminalRuns": {"older_than": secs(1)},
         "GetStats": {},
+        **schedule_requests(),
     }
+
+
+def schedule_requests() -> dict[str, dict[str, Any]]:
+    settings = schedules_pb2.ScheduleSettings(job=E(kind="k"), interval=schedules_pb2.IntervalSpec(every=secs(60)))
+    return {"CreateSchedule": {"name": "s", "settings": settings}, "UpdateSchedule": {"name": "s", "settings": settings},
+            **{rpc: {"name": "s"} for rpc in ("GetSchedule", "PauseSchedule", "ResumeSchedule", "DeleteSchedule",
+                                              "TriggerSchedule")},
+            "ListSchedules": {}}
 
 
 # (seconds, nanos) outside the ranges of google/protobuf/duration.proto and timestamp.proto.

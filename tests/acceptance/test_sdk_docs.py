@@ -38,7 +38,9 @@ def test_the_guide_has_examples_and_names_them_uniquely() -> None:
 
 
 async def test_every_python_example_in_the_sdk_guide_runs(server: Any, db_url: str, tmp_path: Path) -> None:
-    env = {**os.environ, "CYCLONE_DATABASE_URL": db_url, "PYTHONPATH": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    # The examples' folder first; then the caller's PYTHONPATH (a worktree's code over an installed copy).
+    path = os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "CYCLONE_DATABASE_URL": db_url, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     background: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         for name, code in examples():

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from cyclone_server import auth
-from cyclone_proto import admin_pb2, runs_pb2, workers_pb2, workflows_pb2
+from cyclone_proto import admin_pb2, runs_pb2, schedules_pb2, workers_pb2, workflows_pb2
 
 W = "w" * 20  # tokens of 20 characters
 S = "s" * 20
@@ -57,7 +57,7 @@ def test_load_merges_file_and_env_roles(tmp_path: Path) -> None:
 def _all_methods() -> list[str]:
     methods = []
     for module, service in ((runs_pb2, "Runs"), (workers_pb2, "Workers"), (workflows_pb2, "Workflows"),
-                            (admin_pb2, "Admin")):
+                            (admin_pb2, "Admin"), (schedules_pb2, "Schedules")):
         for m in module.DESCRIPTOR.services_by_name[service].methods:
             methods.append(f"/cyclone.v1.{service}/{m.name}")
     return methods

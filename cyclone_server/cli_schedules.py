@@ -1,0 +1,286 @@
+"""`cyclone schedules ...`: make, read and steer schedules over gRPC (the Schedules service), as tables or JSON.
+
+Each command is one call of the public API, as `cyclone runs ...` (cli_ops.py), whose
+connection options and exit codes it shares: 0 success, 1 an RPC failed (status and
+message on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2, json_format, struct_pb2
+from google.protobuf.message import Message
+from rich.console import Console
+from rich.table import Table
+
+from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2
+
+from .auth import SecurityConfigError, open_channel
+from .cli_ops import duration
+
+POLICIES = ["skip", "buffer_one", "allow_all", "cancel_previous"]
+
+
+class Stubs:
+    """The stubs a command calls, over one channel."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.schedules = schedules_pb2_grpc.SchedulesStub(channel)
+        self.runs = runs_pb2_grpc.RunsStub(channel)
+
+
+Command = Callable[[Stubs, argparse.Namespace], Awaitable[int]]
+
+
+def _pb_duration(seconds: float) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=int(seconds), nanos=int(round(seconds % 1 * 1e9)))
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+
+
+def _when(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time like 2027-01-01T00:00:00Z") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _ts(msg: Message, field: str) -> str:
+    if not msg.HasField(field):
+        return "-"
+    return getattr(msg, field).ToDatetime(tzinfo=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _policy(value: int) -> str:
+    return schedules_pb2.OverlapPolicy.Name(value).removeprefix("OVERLAP_POLICY_").lower()
+
+
+def _spec(s: schedules_pb2.ScheduleSettings) -> str:
+    if s.HasField("cron"):
+        return f"cron {s.cron.expression} ({s.cron.time_zone})"
+    every = s.interval.every.ToTimedelta().total_seconds()
+    offset = s.interval.offset.ToTimedelta().total_seconds()
+    return f"every {every:g}s" + (f" +{offset:g}s" if offset else "")
+
+
+def _target(s: schedules_pb2.ScheduleSettings) -> str:
+    return f"workflow {s.run.workflow}" if s.HasField("run") else f"job {s.job.kind}"
+
+
+def _print(a: argparse.Namespace, msg: Message | list[Message], render: Callable[[Console], None]) -> int:
+    if a.json:
+        one = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)  # noqa: E731
+        print(json.dumps([one(m) for m in msg] if isinstance(msg, list) else one(msg), indent=2, ensure_ascii=False))
+    else:
+        render(Console(highlight=False, soft_wrap=True))
+    return 0
+
+
+def _show_one(a: argparse.Namespace, s: schedules_pb2.Schedule, note: str = "") -> int:
+    def render(out: Console) -> None:
+        state = "paused" if s.paused else "active"
+        out.print(f"schedule  {s.name}  {state}{note}")
+        out.print(f"target    {_target(s.settings)}")
+        out.print(f"spec      {_spec(s.settings)}   overlap {_policy(s.settings.overlap)}")
+        out.print(f"next      {_ts(s, 'next_fire_at')} UTC   last {_ts(s, 'last_fire_at')} UTC"
+                  + (f"   buffered {_ts(s, 'buffered_fire_at')} UTC" if s.HasField("buffered_fire_at") else ""))
+        out.print(f"counts    fires {s.fires}   misses {s.misses}   skips {s.skips}")
+        if s.settings.note:
+            out.print(f"note      {s.settings.note}")
+        if s.recent_runs:
+            table = Table("RUN", "FIRE TIME (UTC)", "STATE", box=None, pad_edge=False)
+            for r in s.recent_runs:
+                table.add_row(r.run_id, _ts(r, "fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
+                    "RUN_STATE_").lower())
+            out.print()
+            out.print(table)
+    return _print(a, s, render)
+
+
+def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
+    s = schedules_pb2.ScheduleSettings(note=a.note or "")
+    if a.overlap:
+        s.overlap = schedules_pb2.OverlapPolicy.Value("OVERLAP_POLICY_" + a.overlap.upper())
+    input_ = json_format.ParseDict(a.input, struct_pb2.Value()) if a.input is not None else None
+    if a.workflow:
+        s.run.CopyFrom(runs_pb2.SubmitRunRequest(workflow=a.workflow, version=a.version, priority=a.priority))
+        target: Any = s.run
+    else:
+        s.job.CopyFrom(runs_pb2.EnqueueRequest(kind=a.job, priority=a.priority))
+        if a.max_attempts is not None:
+            s.job.max_attempts = a.max_attempts
+        target = s.job
+    if input_ is not None:
+        target.input.CopyFrom(input_)
+    if a.deadline_in:
+        target.deadline_in.CopyFrom(_pb_duration(a.deadline_in))
+    if a.cron:
+        s.cron.CopyFrom(schedules_pb2.CronSpec(expression=a.cron, time_zone=a.time_zone))
+    else:
+        s.interval.CopyFrom(schedules_pb2.IntervalSpec(every=_pb_duration(a.every), offset=_pb_duration(a.offset)))
+    for name in ("start_at", "end_at"):
+        when = getattr(a, name)
+        if when is not None:
+            getattr(s, name).FromDatetime(when.astimezone(timezone.utc))
+    if a.jitter:
+        s.jitter.CopyFrom(_pb_duration(a.jitter))
+    if a.catchup_window is not None:
+        s.catchup_window.CopyFrom(_pb_duration(a.catchup_window))
+    return s
+
+
+async def cmd_list(c: Stubs, a: argparse.Namespace) -> int:
+    req = schedules_pb2.ListSchedulesRequest(name_prefix=a.prefix, limit=1000)
+    found: list[schedules_pb2.Schedule] = []
+    while True:
+        resp = await c.schedules.ListSchedules(req, timeout=a.rpc_timeout)
+        found.extend(resp.schedules)
+        if not resp.next_page_token:
+            break
+        req.page_token = resp.next_page_token
+
+    def render(out: Console) -> None:
+        table = Table("NAME", "TARGET", "SPEC", "OVERLAP", "STATE", "NEXT FIRE (UTC)", "FIRES", "MISSES", "SKIPS",
+                      box=None, pad_edge=False)
+        for s in found:
+            table.add_row(s.name, _target(s.settings), _spec(s.settings), _policy(s.settings.overlap),
+                          "paused" if s.paused else "active", _ts(s, "next_fire_at"), str(s.fires), str(s.misses),
+                          str(s.skips))
+        out.print(table)
+    return _print(a, found, render)
+
+
+async def cmd_get(c: Stubs, a: argparse.Namespace) -> int:
+    return _show_one(a, await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=a.rpc_timeout))
+
+
+async def cmd_create(c: Stubs, a: argparse.Namespace) -> int:
+    resp = await c.schedules.CreateSchedule(schedules_pb2.CreateScheduleRequest(
+        name=a.name, settings=settings_of(a), paused=a.paused), timeout=a.rpc_timeout)
+    return _show_one(a, resp.schedule, "" if resp.created else " (no change: it already was)")
+
+
+async def cmd_update(c: Stubs, a: argparse.Namespace) -> int:
+    s = await c.schedules.UpdateSchedule(schedules_pb2.UpdateScheduleRequest(name=a.name, settings=settings_of(a)),
+                                  timeout=a.rpc_timeout)
+    return _show_one(a, s)
+
+
+def _action(rpc: str, request: Callable[[str], Message]) -> Command:
+    async def cmd(c: Stubs, a: argparse.Namespace) -> int:
+        resp = await getattr(c.schedules, rpc)(request(a.name), timeout=a.rpc_timeout)
+        return _show_one(a, resp.schedule, "" if resp.applied else " (no change: it already was)")
+    return cmd
+
+
+async def cmd_runs(c: Stubs, a: argparse.Namespace) -> int:
+    resp = await c.runs.ListRuns(runs_pb2.ListRunsRequest(schedule=a.name, limit=a.limit), timeout=a.rpc_timeout)
+
+    def render(out: Console) -> None:
+        table = Table("RUN", "FIRE TIME (UTC)", "STATE", "CREATED (UTC)", "FINISHED (UTC)", box=None, pad_edge=False)
+        for r in resp.runs:
+            table.add_row(r.id, _ts(r, "schedule_fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
+                "RUN_STATE_").lower(), _ts(r, "created_at"), _ts(r, "finished_at"))
+        out.print(table)
+    return _print(a, list(resp.runs), render)
+
+
+async def cmd_delete(c: Stubs, a: argparse.Namespace) -> int:
+    resp = await c.schedules.DeleteSchedule(schedules_pb2.DeleteScheduleRequest(name=a.name), timeout=a.rpc_timeout)
+    return _print(a, resp, lambda out: out.print(f"schedule {a.name} deleted (its runs stay)"))
+
+
+async def cmd_trigger(c: Stubs, a: argparse.Namespace) -> int:
+    overlap = schedules_pb2.OverlapPolicy.Value("OVERLAP_POLICY_" + a.overlap.upper()) if a.overlap else 0
+    resp = await c.schedules.TriggerSchedule(schedules_pb2.TriggerScheduleRequest(name=a.name, overlap=overlap),
+                                      timeout=a.rpc_timeout)
+    outcome = schedules_pb2.FireOutcome.Name(resp.outcome).removeprefix("FIRE_OUTCOME_").lower()
+    return _print(a, resp, lambda out: out.print(
+        f"schedule {a.name}: {outcome}" + (f", run {resp.run_id}" if resp.run_id else "")))
+
+
+def _runner(cmd: Command) -> Callable[[argparse.Namespace], int]:
+    async def go(a: argparse.Namespace) -> int:
+        async with open_channel(a.address, token=a.token or None, tls=a.tls, ca_file=a.ca_file,
+                                cert_file=a.client_cert, key_file=a.client_key) as channel:
+            return await cmd(Stubs(channel), a)
+
+    def run(a: argparse.Namespace) -> int:
+        try:
+            return asyncio.run(go(a))
+        except (grpc.aio.AioRpcError, SecurityConfigError) as e:
+            rpc_error = isinstance(e, grpc.aio.AioRpcError)
+            print(f"cyclone: {e.code().name}: {e.details()}" if rpc_error else f"cyclone: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            return 130
+    return run
+
+
+def _settings_arguments(p: argparse.ArgumentParser) -> None:
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--workflow", help="start a run of this registered workflow")
+    target.add_argument("--job", metavar="KIND", help="start a standalone job of this kind")
+    spec = p.add_mutually_exclusive_group(required=True)
+    spec.add_argument("--cron", help="5 fields, or 6 with seconds first, e.g. '0 3 * * MON-FRI'")
+    spec.add_argument("--every", type=duration, help="a fixed interval, e.g. 30s, 15m")
+    p.add_argument("--time-zone", default="UTC", help="IANA time zone of --cron (default UTC)")
+    p.add_argument("--offset", type=duration, default=0.0, help="shift of --every from the epoch grid")
+    p.add_argument("--input", type=_json, help="run input as JSON (default null)")
+    p.add_argument("--version", type=int, default=0, help="workflow version (default: the latest)")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--max-attempts", type=int, help="job option (--job)")
+    p.add_argument("--deadline-in", type=duration, help="each run's deadline after its start")
+    p.add_argument("--overlap", choices=POLICIES, help="while a previous run is active (default skip)")
+    p.add_argument("--catchup-window", type=duration, help="missed fire times this recent still start (default 1m)")
+    p.add_argument("--jitter", type=duration, help="random delay of up to this after each fire time")
+    p.add_argument("--start-at", type=_when, help="no fire time before (ISO 8601; UTC unless given)")
+    p.add_argument("--end-at", type=_when, help="no fire time after (ISO 8601)")
+    p.add_argument("--note", help="free text for operators")
+
+
+def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+             parents: Sequence[argparse.ArgumentParser]) -> None:
+    """Add `schedules` with its commands; `parents` carry the connection options and --json."""
+    group = subparsers.add_parser("schedules", help="make, read and steer schedules").add_subparsers(
+        dest="schedules_command", required=True, metavar="COMMAND")
+
+    def leaf(name: str, cmd: Command, help: str, *, named: bool = True) -> argparse.ArgumentParser:
+        p = group.add_parser(name, parents=list(parents), help=help, description=help)
+        p.set_defaults(func=_runner(cmd))
+        if named:
+            p.add_argument("name")
+        return p
+
+    p = leaf("list", cmd_list, "schedules by name, with their next fire time and counters", named=False)
+    p.add_argument("--prefix", default="", help="only names starting with this")
+    leaf("get", cmd_get, "one schedule with its recent runs")
+    p = leaf("create", cmd_create, "make a schedule (the same settings again change nothing)")
+    _settings_arguments(p)
+    p.add_argument("--paused", action="store_true", help="make it paused")
+    _settings_arguments(leaf("update", cmd_update, "replace a schedule's settings"))
+    leaf("pause", _action("PauseSchedule", lambda n: schedules_pb2.PauseScheduleRequest(name=n)), "stop firing")
+    leaf("resume", _action("ResumeSchedule", lambda n: schedules_pb2.ResumeScheduleRequest(name=n)),
+         "fire again, from the next fire time after now")
+    p = leaf("runs", cmd_runs, "the schedule's runs, newest first")
+    p.add_argument("--limit", type=int, default=20)
+    leaf("delete", cmd_delete, "delete a schedule (its runs stay)")
+    p = leaf("trigger", cmd_trigger, "start the target now")
+    p.add_argument("--overlap", choices=POLICIES, help="this trigger's policy (default: the schedule's)")
+
+
+__all__ = ["register"]
