@@ -139,7 +139,7 @@ def to_result(r: pb.StepResult) -> Result | str:
             return Result(step_id, r.lease_generation, "completed", output=output)
         if outcome == "failed":
             return Result(step_id, r.lease_generation, "failed", message=r.failed.message,
-                          permanent=r.failed.permanent,
+                          permanent=r.failed.permanent, details=r.failed.details,
                           retry_delay=_delay(r.failed, "retry_delay", "failed.retry_delay"))
         if outcome == "snoozed":
             return Result(step_id, r.lease_generation, "snoozed",

@@ -48,6 +48,7 @@ class StepError:
     message: str
     at: datetime | None
     reason: str = ""
+    details: str = ""  # Failed.details of the attempt, e.g. the handler's traceback
 
 
 @dataclass
@@ -101,7 +102,8 @@ class Step:
             lease_generation=s.lease_generation, lease_owner=s.lease_owner, output=_value(s, "output"),
             error_kind=s.error_kind, reason=s.reason, cancel_cause=s.cancel_cause,
             child_run_id=s.child_run_id, deps=list(s.deps),
-            errors=[StepError(e.attempt, e.error_kind, e.message, _time(e, "at"), e.reason) for e in s.errors],
+            errors=[StepError(e.attempt, e.error_kind, e.message, _time(e, "at"), e.reason, e.details)
+                    for e in s.errors],
             scheduled_at=_time(s, "scheduled_at"), lease_expiry=_time(s, "lease_expiry"),
             created_at=_time(s, "created_at"), started_at=_time(s, "started_at"),
             finished_at=_time(s, "finished_at"), attempt_deadline=_time(s, "attempt_deadline"))
@@ -200,7 +202,8 @@ def _node_dict(n: types_pb2.Node) -> dict[str, Any]:
 class KindStats:
     """Backlog of one step kind (`Client.stats`): `available` (claimable now), `running`,
     `scheduled` (waiting for a later scheduled_at: a backoff, a snooze, a scheduled job) and
-    `oldest_available_age` in seconds.
+    `oldest_available_age` in seconds; `workers` and `free_slots` of the connected workers
+    that run it, `no_workers` when steps wait for a kind no connected worker runs.
 
     Example::
 
@@ -213,7 +216,11 @@ class KindStats:
     running: int
     oldest_available_age: float
     scheduled: int = 0
+    workers: int = 0  # connected workers that run this kind
+    free_slots: int = 0  # their free slots
+    no_workers: bool = False  # steps wait to be claimed and no connected worker runs the kind
 
     @classmethod
     def from_proto(cls, k: admin_pb2.KindStats) -> KindStats:
-        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled)
+        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled,
+                   k.workers, k.free_slots, k.no_workers)

@@ -51,7 +51,8 @@ SELECT extract(epoch FROM min(n.at) - now())::float8 AS seconds
 SELECT cyclone_step_complete(%(step_id)s, %(generation)s, %(output)s, %(max_output_bytes)s) AS status;
 
 -- name: step_fail
-SELECT cyclone_step_fail(%(step_id)s, %(generation)s, %(message)s, %(permanent)s, %(retry_delay)s) AS status;
+SELECT cyclone_step_fail(%(step_id)s, %(generation)s, %(message)s, %(permanent)s, %(retry_delay)s,
+                         %(details)s) AS status;
 
 -- name: step_snooze
 SELECT cyclone_step_snooze(%(step_id)s, %(generation)s, %(delay)s) AS status;
@@ -129,4 +130,21 @@ SELECT * FROM cyclone_runs
  LIMIT %(limit)s;
 
 -- name: kinds_stats
-SELECT kind, available, scheduled, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
+-- The backlog of each kind with steps, and the live workers serving it (cyclone_workers).
+SELECT v.kind, v.available, v.scheduled, v.running, v.oldest_available_age,
+       COALESCE(w.workers, 0) AS workers, COALESCE(w.free_slots, 0) AS free_slots
+  FROM cyclone_v_kinds v
+  LEFT JOIN LATERAL (SELECT count(*) AS workers, sum(greatest(x.slots - x.leases_held, 0)) AS free_slots
+                       FROM cyclone_workers x
+                      WHERE x.kinds @> ARRAY[v.kind] AND x.expires_at > now()) w ON true
+ ORDER BY v.kind;
+
+-- name: workers_beat
+SELECT cyclone_workers_beat(%(server_id)s, %(workers)s, %(grace)s, %(takeover)s) AS written;
+
+-- name: workers_list
+-- The live workers of every server, optionally only those serving one kind.
+SELECT worker_id, server_id, sdk, kinds, slots, leases_held, connected_at, heartbeat_at, expires_at
+  FROM cyclone_workers
+ WHERE expires_at > now() AND (%(kind)s::text IS NULL OR kinds @> ARRAY[%(kind)s::text])
+ ORDER BY worker_id;
