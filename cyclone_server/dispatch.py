@@ -54,6 +54,7 @@ class HeldLease:
     attempt: int = 0
     attempt_deadline: datetime | None = None
     result_pending: bool = False  # a StepResult is on its way to the database
+    pushed_at: float = field(default_factory=time.monotonic)  # for the execution-time metric
 
 
 class End:
@@ -193,6 +194,7 @@ class Dispatcher:
         self.stats = stats
         # Called with each lease's dispatch latency in seconds (e.g. a metrics histogram).
         self.latency_observers: list[Callable[[float], None]] = []
+        self.claim_observers: list[Callable[[str, float], None]] = []  # (kind, seconds waited)
         self._event = asyncio.Event()
         self._turn = itertools.count()
         self._stopping = False
@@ -259,6 +261,8 @@ class Dispatcher:
             for row in rows:  # from claimable (scheduled_at) to pushed
                 for observe in self.latency_observers:
                     observe(row["waited"])
+                for observe_kind in self.claim_observers:
+                    observe_kind(row["kind"], row["waited"])
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         if not waiting:
             return None

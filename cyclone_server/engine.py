@@ -576,6 +576,12 @@ class Engine:
     async def stats(self) -> list[dict[str, Any]]:
         return await self._all("kinds_stats")
 
+    async def runs_ended(self, since: datetime | None, lag: timedelta) -> tuple[list[dict[str, Any]], datetime]:
+        """How many runs ended in (since, now - lag], by workflow and state; and now - lag,
+        the next call's `since`. With `since` None: no rows, only the bound."""
+        rows = await self._all("runs_ended", since=since, lag=lag)
+        return [r for r in rows if r["n"]], rows[0]["until"]
+
     # -- workers registry ------------------------------------------------------------------
 
     async def workers_beat(self, server_id: str, workers: Sequence[Mapping[str, Any]], grace: float, *,

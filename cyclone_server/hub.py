@@ -8,6 +8,7 @@ import logging
 import time
 import uuid
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -92,6 +93,8 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         # lives `worker_grace` seconds past its last heartbeat (every `heartbeat` seconds).
         self.worker_grace = lease_ttl
         self._streams: dict[WorkerConn, tuple[str, datetime]] = {}
+        # Called with (kind, seconds from lease pushed to result received) per result.
+        self.execution_observers: list[Callable[[str, float], None]] = []
 
     @property
     def connected_workers(self) -> int:
@@ -237,6 +240,11 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 self.stats["fenced_results"][status] += 1
                 refused.append(ack(r.step_id, r.lease_generation, status, detail or None))
             else:
+                held = conn.held.get((result.step_id, result.generation))
+                if held is not None and held.kind is not None and not held.result_pending:
+                    took = time.monotonic() - held.pushed_at
+                    for observe in self.execution_observers:
+                        observe(held.kind, took)
                 self.committer.submit(conn, result, r.step_id)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))

@@ -148,3 +148,16 @@ SELECT worker_id, server_id, sdk, kinds, slots, leases_held, connected_at, heart
   FROM cyclone_workers
  WHERE expires_at > now() AND (%(kind)s::text IS NULL OR kinds @> ARRAY[%(kind)s::text])
  ORDER BY worker_id;
+
+-- name: runs_ended
+-- Runs that ended after %(since)s and at least %(lag)s ago (a transaction that ended a run
+-- may commit after its finished_at), by workflow and state, and that bound (`until`): the
+-- next call's `since`. With `since` NULL, only the bound. An index range scan of
+-- cyclone_runs_finished over the runs that ended since the last call.
+WITH b AS (SELECT now() - %(lag)s::interval AS until)
+SELECT r.workflow_name AS workflow, r.state, count(r.id) AS n, b.until
+  FROM b
+  LEFT JOIN cyclone_runs r
+    ON r.state IN ('completed', 'failed', 'cancelled')
+   AND r.finished_at > %(since)s::timestamptz AND r.finished_at <= b.until
+ GROUP BY r.workflow_name, r.state, b.until;
