@@ -35,7 +35,7 @@ SERVICES = ((runs_pb2, runs_pb2_grpc, "Runs"), (workflows_pb2, workflows_pb2_grp
 SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/EnqueueMany", "Runs/GetRun", "Runs/ListRuns", "Runs/WaitRun",
                "Runs/Signal", "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows"]
 ADMIN_RPCS = ["Runs/CancelRun", "Runs/PauseRun", "Runs/ResumeRun", "Runs/RetryStep", "Runs/RetryAll",
-              "Runs/PurgeTerminalRuns", "Admin/GetStats"]
+              "Runs/PurgeTerminalRuns", "Admin/GetStats", "Admin/ListWorkers"]
 
 
 def _fixed_servicer(pb2: Any, grpc_module: Any, service: str) -> Any:

@@ -267,6 +267,7 @@ def valid_requests(run_id: str) -> dict[str, dict[str, Any]]:
         "Signal": {"run_id": run_id, "name": "go"},
         "PurgeTerminalRuns": {"older_than": secs(1)},
         "GetStats": {},
+        "ListWorkers": {},
     }
 
 
