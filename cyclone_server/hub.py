@@ -165,13 +165,13 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self.stats["reconnects"] += bool(hello.held)
         self.conns.append(conn)
         self._streams[conn] = (str(uuid.uuid4()), datetime.now(timezone.utc))
-        await self._beat([conn], takeover=True)
         log.info("worker %s connected (%s, kinds %s, %d slots, %d held)", conn.worker_id, hello.sdk or "unknown sdk",
                  ",".join(conn.kinds), conn.slots, len(conn.held))
         self.wake()
         helpers = [asyncio.create_task(self._read(conn, context)), asyncio.create_task(self._ping(conn))]
         end = End(grpc.StatusCode.UNAVAILABLE, "the stream ended")
         try:
+            await self._beat([conn], takeover=True)  # listed in the workers registry at once
             while True:
                 msg = await conn.outbox.get()
                 if isinstance(msg, End):
