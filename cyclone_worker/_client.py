@@ -14,7 +14,7 @@ import grpc
 
 from ._channel import auth_metadata, open_channel
 from ._errors import CycloneClientError, RunCancelled, RunFailed
-from ._models import KindStats, Run, WorkflowInfo
+from ._models import KindStats, Run, WorkerInfo, WorkflowInfo
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
 from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
@@ -396,3 +396,16 @@ class Client:
         """
         resp = await self._call(admin_pb2_grpc.AdminStub, "GetStats", admin_pb2.GetStatsRequest())
         return [KindStats.from_proto(k) for k in resp.kinds]
+
+    async def workers(self, kind: str | None = None) -> builtins.list[WorkerInfo]:
+        """The workers connected to any server of the database (Admin.ListWorkers), by id;
+        with `kind`, only those that run it.
+
+        Example::
+
+            if not await client.workers("send_email"):
+                print("no worker runs send_email")
+        """
+        req = admin_pb2.ListWorkersRequest(kind=kind or "")
+        resp = await self._call(admin_pb2_grpc.AdminStub, "ListWorkers", req)
+        return [WorkerInfo.from_proto(w) for w in resp.workers]

@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 from cyclone_proto import admin_pb2, types_pb2
 from ._values import from_duration, from_timestamp, from_value
 
-__all__ = ["Run", "Step", "StepError", "KindStats", "WorkflowInfo", "TERMINAL_RUN_STATES"]
+__all__ = ["Run", "Step", "StepError", "KindStats", "WorkerInfo", "WorkflowInfo", "TERMINAL_RUN_STATES"]
 
 #: Run states after which WaitRun returns (a failed run may still be reopened by a retry).
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
@@ -224,3 +224,30 @@ class KindStats:
     def from_proto(cls, k: admin_pb2.KindStats) -> KindStats:
         return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled,
                    k.workers, k.free_slots, k.no_workers)
+
+
+@dataclass
+class WorkerInfo:
+    """A worker connected to any server of the database (`Client.workers`): its id, SDK,
+    kinds, slots, the leases it held at its last heartbeat, its server, when it connected
+    and when its server last refreshed it.
+
+    Example::
+
+        for w in await client.workers("send_email"):
+            print(w.worker_id, w.server_id, w.leases_held, "/", w.slots)
+    """
+
+    worker_id: str
+    sdk: str
+    kinds: list[str]
+    slots: int
+    leases_held: int
+    server_id: str
+    connected_since: datetime | None
+    last_heartbeat: datetime | None
+
+    @classmethod
+    def from_proto(cls, w: admin_pb2.WorkerInfo) -> WorkerInfo:
+        return cls(w.worker_id, w.sdk, list(w.kinds), w.slots, w.leases_held, w.server_id,
+                   _time(w, "connected_since"), _time(w, "last_heartbeat"))

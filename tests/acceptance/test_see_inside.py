@@ -59,6 +59,10 @@ async def test_list_workers_shows_the_workers_of_every_server_of_the_database(
                 assert s.sdk.startswith("python/") and list(s.kinds) == ["greet"] and s.slots == 2
                 assert s.server_id not in ("", welcome.server_id) and s.leases_held == 0
                 assert set(await list_workers(ch1, kind="thumbnail")) == {"raw-on-two"}
+                async with Client(two.address) as client:  # the SDK's view of the same
+                    [info] = await client.workers("resize")
+                    assert (info.worker_id, info.kinds, info.leases_held) == ("raw-on-two", ["resize", "thumbnail"], 1)
+                    assert info.connected_since is not None and info.last_heartbeat is not None
 
                 out = cli(one.address, "workers", "list")
                 assert out.returncode == 0, out.stderr
