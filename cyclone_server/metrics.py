@@ -151,6 +151,16 @@ class _ThreadRegistry:
         finally:
             _SNAPSHOT.reset(token)
 
+    def restricted_registry(self, names: list[str]) -> Any:
+        """For `/metrics?name[]=...`: only the families with one of these names (or samples)."""
+        wanted = set(names)
+        collect = self.collect
+
+        class Only:
+            def collect(self) -> Iterator[Metric]:
+                return (m for m in collect() if m.name in wanted or any(s.name in wanted for s in m.samples))
+        return Only()
+
 
 class Metrics:
     """The metrics of one server process; the hub and the background tasks feed them.

@@ -141,6 +141,8 @@ async def test_get_is_served_and_other_methods_are_not(endpoint: tuple[Metrics, 
     assert (await http_get(server.port, "/metrics", "POST"))[0] == 405
     status, _, body = await http_get(server.port, "/metrics?x=1")
     assert status == 200 and "cyclone_stats_up 1.0" in body
+    status, _, body = await http_get(server.port, "/metrics?name[]=cyclone_stats_up&name[]=cyclone_claims_total")
+    assert status == 200 and {k.split("{")[0] for k in parse(body)} == {"cyclone_stats_up"}  # no claims yet
 
 
 async def test_scrape_gives_the_same_exposition_in_the_servers_loop(engine: Engine) -> None:

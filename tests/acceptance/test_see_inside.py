@@ -59,6 +59,11 @@ async def test_list_workers_shows_the_workers_of_every_server_of_the_database(
                 assert s.sdk.startswith("python/") and list(s.kinds) == ["greet"] and s.slots == 2
                 assert s.server_id not in ("", welcome.server_id) and s.leases_held == 0
                 assert set(await list_workers(ch1, kind="thumbnail")) == {"raw-on-two"}
+                try:
+                    await list_workers(ch1, kind="no spaces")
+                    raise AssertionError("a malformed kind was accepted")
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and e.details().startswith("kind: ")
                 async with Client(two.address) as client:  # the SDK's view of the same
                     [info] = await client.workers("resize")
                     assert (info.worker_id, info.kinds, info.leases_held) == ("raw-on-two", ["resize", "thumbnail"], 1)
