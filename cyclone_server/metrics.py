@@ -124,8 +124,8 @@ class _DatabaseCollector:
             "cyclone_kinds_without_workers",
             "Kinds with steps waiting to be claimed and no connected worker that runs them.",
             value=sum(1 for k in snap.kinds if kind_without_workers(k)))
-        ended = CounterMetricFamily("cyclone_runs_ended", "Runs that ended (database-wide, counted since this "
-                                    "server started), by workflow and state.", labels=["workflow", "state"])
+        ended = CounterMetricFamily("cyclone_runs_ended", "Runs that ended (database-wide, counted from this "
+                                    "server's first scrape on), by workflow and state.", labels=["workflow", "state"])
         for (workflow, state), n in sorted(self.metrics.runs_ended.items()):
             ended.add_metric([workflow, state], n)
         yield ended
