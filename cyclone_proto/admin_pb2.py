@@ -23,21 +23,28 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63yclone/v1/admin.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\"\x11\n\x0fGetStatsRequest\"8\n\x10GetStatsResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.KindStats\"\x89\x01\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tscheduled\x18\x05 \x01(\x03\x32N\n\x05\x41\x64min\x12\x45\n\x08GetStats\x12\x1b.cyclone.v1.GetStatsRequest\x1a\x1c.cyclone.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63yclone/v1/admin.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\">\n\x13ListWorkersResponse\x12\'\n\x07workers\x18\x01 \x03(\x0b\x32\x16.cyclone.v1.WorkerInfo\"\xdb\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03sdk\x18\x02 \x01(\t\x12\r\n\x05kinds\x18\x03 \x03(\t\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x13\n\x0bleases_held\x18\x05 \x01(\x05\x12\x11\n\tserver_id\x18\x06 \x01(\t\x12\x33\n\x0f\x63onnected_since\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0elast_heartbeat\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x11\n\x0fGetStatsRequest\"8\n\x10GetStatsResponse\x12$\n\x05kinds\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.KindStats\"\xc2\x01\n\tKindStats\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x11\n\tavailable\x18\x02 \x01(\x03\x12\x0f\n\x07running\x18\x03 \x01(\x03\x12\x37\n\x14oldest_available_age\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x11\n\tscheduled\x18\x05 \x01(\x03\x12\x0f\n\x07workers\x18\x06 \x01(\x03\x12\x12\n\nfree_slots\x18\x07 \x01(\x03\x12\x12\n\nno_workers\x18\x08 \x01(\x08\x32\x9e\x01\n\x05\x41\x64min\x12\x45\n\x08GetStats\x12\x1b.cyclone.v1.GetStatsRequest\x1a\x1c.cyclone.v1.GetStatsResponse\x12N\n\x0bListWorkers\x12\x1e.cyclone.v1.ListWorkersRequest\x1a\x1f.cyclone.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETSTATSREQUEST']._serialized_start=70
-  _globals['_GETSTATSREQUEST']._serialized_end=87
-  _globals['_GETSTATSRESPONSE']._serialized_start=89
-  _globals['_GETSTATSRESPONSE']._serialized_end=145
-  _globals['_KINDSTATS']._serialized_start=148
-  _globals['_KINDSTATS']._serialized_end=285
-  _globals['_ADMIN']._serialized_start=287
-  _globals['_ADMIN']._serialized_end=365
+  _globals['_LISTWORKERSREQUEST']._serialized_start=103
+  _globals['_LISTWORKERSREQUEST']._serialized_end=137
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=139
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=201
+  _globals['_WORKERINFO']._serialized_start=204
+  _globals['_WORKERINFO']._serialized_end=423
+  _globals['_GETSTATSREQUEST']._serialized_start=425
+  _globals['_GETSTATSREQUEST']._serialized_end=442
+  _globals['_GETSTATSRESPONSE']._serialized_start=444
+  _globals['_GETSTATSRESPONSE']._serialized_end=500
+  _globals['_KINDSTATS']._serialized_start=503
+  _globals['_KINDSTATS']._serialized_end=697
+  _globals['_ADMIN']._serialized_start=700
+  _globals['_ADMIN']._serialized_end=858
 # @@protoc_insertion_point(module_scope)

@@ -40,6 +40,11 @@ class AdminStub:
                 request_serializer=cyclone_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=cyclone_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/cyclone.v1.Admin/ListWorkers',
+                request_serializer=cyclone_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=cyclone_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -57,6 +62,19 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListWorkers(self, request, context):
+        """Lists the workers connected to any server of this database (the table
+        cyclone_workers), ordered by worker id. The server holding a worker's stream writes
+        its row at Hello and refreshes it every heartbeat; a worker is listed until its
+        server's lease TTL after the last refresh, so a worker that disconnected, or whose
+        server died, disappears within that grace, and a quick reconnect does not flicker.
+
+        Errors: INVALID_ARGUMENT for a malformed kind; none beyond auth otherwise.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -64,6 +82,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=cyclone_dot_v1_dot_admin__pb2.GetStatsRequest.FromString,
                     response_serializer=cyclone_dot_v1_dot_admin__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=cyclone_dot_v1_dot_admin__pb2.ListWorkersRequest.FromString,
+                    response_serializer=cyclone_dot_v1_dot_admin__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -94,6 +117,33 @@ class Admin:
             '/cyclone.v1.Admin/GetStats',
             cyclone_dot_v1_dot_admin__pb2.GetStatsRequest.SerializeToString,
             cyclone_dot_v1_dot_admin__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cyclone.v1.Admin/ListWorkers',
+            cyclone_dot_v1_dot_admin__pb2.ListWorkersRequest.SerializeToString,
+            cyclone_dot_v1_dot_admin__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

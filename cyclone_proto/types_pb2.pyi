@@ -123,18 +123,20 @@ class Workflow(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class StepError(_message.Message):
-    __slots__ = ("attempt", "error_kind", "message", "at", "reason")
+    __slots__ = ("attempt", "error_kind", "message", "at", "reason", "details")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     ERROR_KIND_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     error_kind: str
     message: str
     at: _timestamp_pb2.Timestamp
     reason: str
-    def __init__(self, attempt: _Optional[int] = ..., error_kind: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+    details: str
+    def __init__(self, attempt: _Optional[int] = ..., error_kind: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., details: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("id", "run_id", "node", "kind", "type", "state", "attempt", "max_attempts", "reclaims", "max_reclaims", "snoozes", "priority", "scheduled_at", "lease_owner", "lease_expiry", "lease_generation", "output", "error_kind", "reason", "errors", "deps", "child_run_id", "cancel_cause", "created_at", "started_at", "finished_at", "attempt_deadline")

@@ -27,15 +27,15 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63yclone/v1/workers.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x01\n\rWorkerMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.HelloH\x00\x12&\n\x07results\x18\x02 \x01(\x0b\x32\x13.cyclone.v1.ResultsH\x00\x12 \n\x04pong\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.PongH\x00\x42\x05\n\x03msg\"i\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\"\n\x04held\x18\x04 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x0b\n\x03sdk\x18\x05 \x01(\t\"5\n\x08LeaseRef\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\"2\n\x07Results\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.cyclone.v1.StepResult\"\xbc\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12*\n\tcompleted\x18\x03 \x01(\x0b\x32\x15.cyclone.v1.CompletedH\x00\x12$\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x12.cyclone.v1.FailedH\x00\x12&\n\x07snoozed\x18\x05 \x01(\x0b\x32\x13.cyclone.v1.SnoozedH\x00\x42\t\n\x07outcome\"S\n\tCompleted\x12&\n\x06output\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1e\n\x16oversized_output_bytes\x18\x02 \x01(\x03\"\\\n\x06\x46\x61iled\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tpermanent\x18\x02 \x01(\x08\x12.\n\x0bretry_delay\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"3\n\x07Snoozed\x12(\n\x05\x64\x65lay\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x15\n\x04Pong\x12\r\n\x05nonce\x18\x01 \x01(\x03\"\xd0\x01\n\rServerMessage\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.cyclone.v1.WelcomeH\x00\x12$\n\x06leases\x18\x02 \x01(\x0b\x32\x12.cyclone.v1.LeasesH\x00\x12&\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x16.cyclone.v1.ResultAcksH\x00\x12 \n\x04stop\x18\x04 \x01(\x0b\x32\x10.cyclone.v1.StopH\x00\x12 \n\x04ping\x18\x05 \x01(\x0b\x32\x10.cyclone.v1.PingH\x00\x42\x05\n\x03msg\"\xc0\x01\n\x07Welcome\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12,\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x04lost\x18\x04 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x19\n\x11max_payload_bytes\x18\x05 \x01(\x03\"+\n\x06Leases\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Lease\"\x92\x03\n\x05Lease\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\x05\x12\x10\n\x08reclaims\x18\x07 \x01(\x05\x12\x18\n\x10lease_generation\x18\x08 \x01(\x03\x12%\n\x05input\x18\t \x01(\x0b\x32\x16.google.protobuf.Value\x12(\n\x07parents\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x34\n\x10\x61ttempt_deadline\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clease_expiry\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07snoozes\x18\r \x01(\x05\x12/\n\rtrace_context\x18\x14 \x01(\x0b\x32\x18.cyclone.v1.TraceContext\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"1\n\nResultAcks\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.ResultAck\"m\n\tResultAck\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12%\n\x06status\x18\x03 \x01(\x0e\x32\x15.cyclone.v1.AckStatus\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"<\n\x04Stop\x12$\n\x06leases\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\x04Ping\x12\r\n\x05nonce\x18\x01 \x01(\x03\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x9b\x01\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATUS_APPLIED\x10\x01\x12\x14\n\x10\x41\x43K_STATUS_STALE\x10\x02\x12\x14\n\x10\x41\x43K_STATUS_ENDED\x10\x03\x12\x16\n\x12\x41\x43K_STATUS_UNKNOWN\x10\x04\x12\x16\n\x12\x41\x43K_STATUS_INVALID\x10\x05\x32N\n\x07Workers\x12\x43\n\x07\x43onnect\x12\x19.cyclone.v1.WorkerMessage\x1a\x19.cyclone.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x63yclone/v1/workers.proto\x12\ncyclone.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x84\x01\n\rWorkerMessage\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x11.cyclone.v1.HelloH\x00\x12&\n\x07results\x18\x02 \x01(\x0b\x32\x13.cyclone.v1.ResultsH\x00\x12 \n\x04pong\x18\x03 \x01(\x0b\x32\x10.cyclone.v1.PongH\x00\x42\x05\n\x03msg\"i\n\x05Hello\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05kinds\x18\x02 \x03(\t\x12\r\n\x05slots\x18\x03 \x01(\x05\x12\"\n\x04held\x18\x04 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x0b\n\x03sdk\x18\x05 \x01(\t\"5\n\x08LeaseRef\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\"2\n\x07Results\x12\'\n\x07results\x18\x01 \x03(\x0b\x32\x16.cyclone.v1.StepResult\"\xbc\x01\n\nStepResult\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12*\n\tcompleted\x18\x03 \x01(\x0b\x32\x15.cyclone.v1.CompletedH\x00\x12$\n\x06\x66\x61iled\x18\x04 \x01(\x0b\x32\x12.cyclone.v1.FailedH\x00\x12&\n\x07snoozed\x18\x05 \x01(\x0b\x32\x13.cyclone.v1.SnoozedH\x00\x42\t\n\x07outcome\"S\n\tCompleted\x12&\n\x06output\x18\x01 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x1e\n\x16oversized_output_bytes\x18\x02 \x01(\x03\"m\n\x06\x46\x61iled\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\tpermanent\x18\x02 \x01(\x08\x12.\n\x0bretry_delay\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07\x64\x65tails\x18\x04 \x01(\t\"3\n\x07Snoozed\x12(\n\x05\x64\x65lay\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x15\n\x04Pong\x12\r\n\x05nonce\x18\x01 \x01(\x03\"\xd0\x01\n\rServerMessage\x12&\n\x07welcome\x18\x01 \x01(\x0b\x32\x13.cyclone.v1.WelcomeH\x00\x12$\n\x06leases\x18\x02 \x01(\x0b\x32\x12.cyclone.v1.LeasesH\x00\x12&\n\x04\x61\x63ks\x18\x03 \x01(\x0b\x32\x16.cyclone.v1.ResultAcksH\x00\x12 \n\x04stop\x18\x04 \x01(\x0b\x32\x10.cyclone.v1.StopH\x00\x12 \n\x04ping\x18\x05 \x01(\x0b\x32\x10.cyclone.v1.PingH\x00\x42\x05\n\x03msg\"\xc0\x01\n\x07Welcome\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12,\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x04lost\x18\x04 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x19\n\x11max_payload_bytes\x18\x05 \x01(\x03\"+\n\x06Leases\x12!\n\x06leases\x18\x01 \x03(\x0b\x32\x11.cyclone.v1.Lease\"\x92\x03\n\x05Lease\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\x05\x12\x10\n\x08reclaims\x18\x07 \x01(\x05\x12\x18\n\x10lease_generation\x18\x08 \x01(\x03\x12%\n\x05input\x18\t \x01(\x0b\x32\x16.google.protobuf.Value\x12(\n\x07parents\x18\n \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x34\n\x10\x61ttempt_deadline\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0clease_expiry\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07snoozes\x18\r \x01(\x05\x12/\n\rtrace_context\x18\x14 \x01(\x0b\x32\x18.cyclone.v1.TraceContext\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"1\n\nResultAcks\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.cyclone.v1.ResultAck\"m\n\tResultAck\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x18\n\x10lease_generation\x18\x02 \x01(\x03\x12%\n\x06status\x18\x03 \x01(\x0e\x32\x15.cyclone.v1.AckStatus\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"<\n\x04Stop\x12$\n\x06leases\x18\x01 \x03(\x0b\x32\x14.cyclone.v1.LeaseRef\x12\x0e\n\x06reason\x18\x02 \x01(\t\"=\n\x04Ping\x12\r\n\x05nonce\x18\x01 \x01(\x03\x12&\n\x02\x61t\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x9b\x01\n\tAckStatus\x12\x1a\n\x16\x41\x43K_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41\x43K_STATUS_APPLIED\x10\x01\x12\x14\n\x10\x41\x43K_STATUS_STALE\x10\x02\x12\x14\n\x10\x41\x43K_STATUS_ENDED\x10\x03\x12\x16\n\x12\x41\x43K_STATUS_UNKNOWN\x10\x04\x12\x16\n\x12\x41\x43K_STATUS_INVALID\x10\x05\x32N\n\x07Workers\x12\x43\n\x07\x43onnect\x12\x19.cyclone.v1.WorkerMessage\x1a\x19.cyclone.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.workers_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACKSTATUS']._serialized_start=2131
-  _globals['_ACKSTATUS']._serialized_end=2286
+  _globals['_ACKSTATUS']._serialized_start=2148
+  _globals['_ACKSTATUS']._serialized_end=2303
   _globals['_WORKERMESSAGE']._serialized_start=136
   _globals['_WORKERMESSAGE']._serialized_end=268
   _globals['_HELLO']._serialized_start=270
@@ -49,29 +49,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETED']._serialized_start=675
   _globals['_COMPLETED']._serialized_end=758
   _globals['_FAILED']._serialized_start=760
-  _globals['_FAILED']._serialized_end=852
-  _globals['_SNOOZED']._serialized_start=854
-  _globals['_SNOOZED']._serialized_end=905
-  _globals['_PONG']._serialized_start=907
-  _globals['_PONG']._serialized_end=928
-  _globals['_SERVERMESSAGE']._serialized_start=931
-  _globals['_SERVERMESSAGE']._serialized_end=1139
-  _globals['_WELCOME']._serialized_start=1142
-  _globals['_WELCOME']._serialized_end=1334
-  _globals['_LEASES']._serialized_start=1336
-  _globals['_LEASES']._serialized_end=1379
-  _globals['_LEASE']._serialized_start=1382
-  _globals['_LEASE']._serialized_end=1784
-  _globals['_TRACECONTEXT']._serialized_start=1786
-  _globals['_TRACECONTEXT']._serialized_end=1841
-  _globals['_RESULTACKS']._serialized_start=1843
-  _globals['_RESULTACKS']._serialized_end=1892
-  _globals['_RESULTACK']._serialized_start=1894
-  _globals['_RESULTACK']._serialized_end=2003
-  _globals['_STOP']._serialized_start=2005
-  _globals['_STOP']._serialized_end=2065
-  _globals['_PING']._serialized_start=2067
-  _globals['_PING']._serialized_end=2128
-  _globals['_WORKERS']._serialized_start=2288
-  _globals['_WORKERS']._serialized_end=2366
+  _globals['_FAILED']._serialized_end=869
+  _globals['_SNOOZED']._serialized_start=871
+  _globals['_SNOOZED']._serialized_end=922
+  _globals['_PONG']._serialized_start=924
+  _globals['_PONG']._serialized_end=945
+  _globals['_SERVERMESSAGE']._serialized_start=948
+  _globals['_SERVERMESSAGE']._serialized_end=1156
+  _globals['_WELCOME']._serialized_start=1159
+  _globals['_WELCOME']._serialized_end=1351
+  _globals['_LEASES']._serialized_start=1353
+  _globals['_LEASES']._serialized_end=1396
+  _globals['_LEASE']._serialized_start=1399
+  _globals['_LEASE']._serialized_end=1801
+  _globals['_TRACECONTEXT']._serialized_start=1803
+  _globals['_TRACECONTEXT']._serialized_end=1858
+  _globals['_RESULTACKS']._serialized_start=1860
+  _globals['_RESULTACKS']._serialized_end=1909
+  _globals['_RESULTACK']._serialized_start=1911
+  _globals['_RESULTACK']._serialized_end=2020
+  _globals['_STOP']._serialized_start=2022
+  _globals['_STOP']._serialized_end=2082
+  _globals['_PING']._serialized_start=2084
+  _globals['_PING']._serialized_end=2145
+  _globals['_WORKERS']._serialized_start=2305
+  _globals['_WORKERS']._serialized_end=2383
 # @@protoc_insertion_point(module_scope)

@@ -88,14 +88,16 @@ class Completed(_message.Message):
     def __init__(self, output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., oversized_output_bytes: _Optional[int] = ...) -> None: ...
 
 class Failed(_message.Message):
-    __slots__ = ("message", "permanent", "retry_delay")
+    __slots__ = ("message", "permanent", "retry_delay", "details")
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PERMANENT_FIELD_NUMBER: _ClassVar[int]
     RETRY_DELAY_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
     message: str
     permanent: bool
     retry_delay: _duration_pb2.Duration
-    def __init__(self, message: _Optional[str] = ..., permanent: _Optional[bool] = ..., retry_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    details: str
+    def __init__(self, message: _Optional[str] = ..., permanent: _Optional[bool] = ..., retry_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., details: _Optional[str] = ...) -> None: ...
 
 class Snoozed(_message.Message):
     __slots__ = ("delay",)

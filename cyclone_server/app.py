@@ -194,18 +194,20 @@ class CycloneServer:
         m, hub, bg = self.metrics, self.hub, self.background
         assert hub is not None and bg is not None
         hub.dispatcher.latency_observers.append(m.dispatch_latency_seconds.observe)
+        hub.dispatcher.claim_observers.append(lambda kind, s: m.queue_wait_seconds.labels(kind=kind).observe(s))
+        hub.execution_observers.append(lambda kind, s: m.step_duration_seconds.labels(kind=kind).observe(s))
 
         def refresh() -> None:
             for kind, n in hub.stats["claims"].items():
-                m.claims_total.set_total(n, kind=kind)
+                m.mirror(m.claims_total, n, kind=kind)
             for kind, n in hub.stats["completions"].items():
-                m.completions_total.set_total(n, kind=kind)
+                m.mirror(m.completions_total, n, kind=kind)
             for (kind, error_kind), n in hub.stats["failures"].items():
-                m.failures_total.set_total(n, kind=kind, error_kind=error_kind)
+                m.mirror(m.failures_total, n, kind=kind, error_kind=error_kind)
             for status, n in hub.stats["fenced_results"].items():
-                m.fenced_results_total.set_total(n, status=status)
-            m.stream_reconnects_total.set_total(hub.stats["reconnects"])
-            m.reclaims_total.set_total(bg.counts.get("leases_sweep", 0))
+                m.mirror(m.fenced_results_total, n, status=status)
+            m.mirror(m.stream_reconnects_total, hub.stats["reconnects"])
+            m.mirror(m.reclaims_total, bg.counts.get("leases_sweep", 0))
             m.connected_workers.set(hub.connected_workers)
 
         m.add_source(refresh)
@@ -216,7 +218,7 @@ class CycloneServer:
                 family = {"started": m.schedule_fires_total, "missed": m.schedule_misses_total,
                           "skipped": m.schedule_skips_total}.get(outcome)
                 if family is not None:
-                    family.set_total(n, schedule=name)
+                    m.mirror(family, n, schedule=name)
 
         m.add_source(refresh_schedules)
 

@@ -154,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
     dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN)
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
+    dev.add_argument("--metrics-listen", type=_dev_metrics, default=f"127.0.0.1:{metrics.DEFAULT_METRICS_PORT}",
+                     metavar="HOST:PORT", help="serve Prometheus metrics here (default %(default)s; off: none)")
     add_log_flag(dev)
     cli_ops.register(sub)
     args = p.parse_args(argv)
@@ -170,7 +172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         applied = migrate(args.database_url)
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
         return 0
-    return run_dev(args.data_dir, args.listen, worker=not args.no_worker)
+    return run_dev(args.data_dir, args.listen, worker=not args.no_worker, metrics_listen=args.metrics_listen)
+
+
+def _dev_metrics(text: str) -> str | None:
+    if text == "off":
+        return None
+    try:
+        metrics.parse_listen(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 DEV_USAGE = """
@@ -198,7 +210,7 @@ Look around: grpcurl -plaintext {address} list
 """
 
 
-def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
+def run_dev(data_dir: str, listen: str, *, worker: bool = True, metrics_listen: str | None = None) -> int:
     """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM."""
     from .embedded import start_embedded
 
@@ -209,7 +221,7 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
     pg = start_embedded(data_dir)
     try:
         url = _dev_database(pg.url())
-        return asyncio.run(_dev(url, data_dir, listen, worker))
+        return asyncio.run(_dev(url, data_dir, listen, worker, metrics_listen))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -228,13 +240,13 @@ def _dev_database(admin_url: str) -> str:
     return make_conninfo(**{**conninfo_to_dict(admin_url), "dbname": "cyclone"})
 
 
-async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
+async def _dev(url: str, data_dir: str, listen: str, worker: bool, metrics_listen: str | None = None) -> int:
     log = logging.getLogger("cyclone.dev")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = CycloneServer(Settings(database_url=url, listen=listen))
+    server = CycloneServer(Settings(database_url=url, listen=listen, metrics_listen=metrics_listen))
     proc: asyncio.subprocess.Process | None = None
     try:
         address = await server.start()
@@ -245,6 +257,8 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address)
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
+        if server.metrics_server is not None:
+            print(f"Metrics: http://{server.metrics_server.address}/metrics\n", flush=True)
         await stop.wait()
         return 0
     finally:

@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                                    workflows_pb2_grpc)
 
+from . import cli_workers
 from .auth import SecurityConfigError, open_channel
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
@@ -162,19 +163,29 @@ async def cmd_runs_list(c: Client, a: argparse.Namespace) -> int:
 
 async def cmd_runs_get(c: Client, a: argparse.Namespace) -> int:
     run = await c.runs.GetRun(runs_pb2.GetRunRequest(run_id=a.run_id), timeout=c.timeout)
-    return show(a, run, run_lines(run))
+    stuck = [cli_workers.no_worker_line(k) for k in await cli_workers.stuck_kinds(c, run)]
+    return show(a, run, run_lines(run) + cli_workers.error_lines(run) + ([""] + stuck if stuck else []))
 
 
 async def cmd_runs_wait(c: Client, a: argparse.Namespace) -> int:
     live, started = sys.stdout.isatty() and not a.json, time.monotonic()
     drawn, seen = 0, {}
     width = shutil.get_terminal_size().columns
+    stuck, stuck_at = [], -1e9  # kinds no connected worker runs, looked up every 5 s
     while True:
         run = await c.runs.GetRun(runs_pb2.GetRunRequest(run_id=a.run_id), timeout=c.timeout)
         now = {s.node: (step_state(s), s.attempt) for s in run.steps}
+        if time.monotonic() - stuck_at >= 5:
+            before, stuck, stuck_at = stuck, await cli_workers.stuck_kinds(c, run), time.monotonic()
+            if not live and not a.json:
+                for kind in sorted(set(stuck) - set(before)):
+                    print(f"cyclone: {cli_workers.no_worker_line(kind)}", file=sys.stderr, flush=True)
+            elif stuck != before:
+                seen = {}  # redraw with the warning
         if live:
             if now != seen or drawn == 0:
-                block = [line[:width] for line in [progress(run), *table(STEP_HEADER, step_rows(run))]]
+                block = [line[:width] for line in [progress(run), *table(STEP_HEADER, step_rows(run)),
+                                                   *map(cli_workers.no_worker_line, stuck)]]
                 # Move up over the previous drawing and clear it: the table redraws in place.
                 sys.stdout.write((f"\x1b[{drawn}F\x1b[J" if drawn else "") + "\n".join(block) + "\n")
                 sys.stdout.flush()
@@ -249,9 +260,13 @@ async def cmd_workflows_get(c: Client, a: argparse.Namespace) -> int:
 async def cmd_stats(c: Client, a: argparse.Namespace) -> int:
     resp = await c.admin.GetStats(admin_pb2.GetStatsRequest(), timeout=c.timeout)
     # AVAILABLE is the backlog (claimable now); SCHEDULED waits for a later scheduled_at.
-    return show(a, resp, table(["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST AVAILABLE"], [
-        [k.kind, k.available, k.scheduled, k.running, _age(k.oldest_available_age.ToTimedelta().total_seconds())]
-        for k in resp.kinds]))
+    # WORKERS: connected workers that run the kind; NONE when its steps wait for one.
+    missing = [cli_workers.no_worker_line(k) for k in cli_workers.kinds_without_workers(resp)]
+    return show(a, resp, table(["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST AVAILABLE", "WORKERS",
+                                "FREE SLOTS"], [
+        [k.kind, k.available, k.scheduled, k.running, _age(k.oldest_available_age.ToTimedelta().total_seconds()),
+         "NONE" if k.no_workers else k.workers, k.free_slots]
+        for k in resp.kinds]) + ([""] + missing if missing else []))
 
 
 # -- wiring --------------------------------------------------------------------------------
@@ -342,6 +357,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--version", type=int, default=0, help="default: the latest")
     leaf(subparsers, "stats", cmd_stats, "backlog per step kind (Admin/GetStats)")
     from . import cli_schedules; cli_schedules.register(subparsers, [common])  # noqa: E702  (imports cli_ops)
+    cli_workers.register(subparsers, leaf)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

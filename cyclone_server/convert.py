@@ -282,7 +282,8 @@ def step_to_proto(row: dict[str, Any]) -> types_pb2.Step:
         py_to_value(row.get("output"), s.output)
     for e in row.get("errors") or []:
         err = s.errors.add(attempt=e.get("attempt") or 0, error_kind=e.get("error_kind") or "",
-                           message=e.get("message") or "", reason=e.get("reason") or "")
+                           message=e.get("message") or "", reason=e.get("reason") or "",
+                           details=e.get("details") or "")
         _set_time(err, "at", e.get("at"))
     for name in ("scheduled_at", "lease_expiry", "created_at", "started_at", "finished_at", "attempt_deadline"):
         _set_time(s, name, row.get(name))
@@ -317,4 +318,19 @@ def run_to_proto(row: dict[str, Any]) -> types_pb2.Run:
 def kind_stats_to_proto(row: dict[str, Any]) -> admin_pb2.KindStats:
     return admin_pb2.KindStats(kind=row["kind"], available=row["available"], running=row["running"],
                                scheduled=row["scheduled"],
-                               oldest_available_age=to_duration(row["oldest_available_age"] or timedelta(0)))
+                               oldest_available_age=to_duration(row["oldest_available_age"] or timedelta(0)),
+                               workers=row.get("workers") or 0, free_slots=row.get("free_slots") or 0,
+                               no_workers=kind_without_workers(row))
+
+
+def kind_without_workers(row: dict[str, Any]) -> bool:
+    """A kind_stats row with steps waiting to be claimed and no connected worker to run them."""
+    return not row.get("workers") and (row["available"] > 0 or row["scheduled"] > 0)
+
+
+def worker_to_proto(row: dict[str, Any]) -> admin_pb2.WorkerInfo:
+    w = admin_pb2.WorkerInfo(worker_id=row["worker_id"], sdk=row["sdk"] or "", kinds=list(row["kinds"]),
+                             slots=row["slots"], leases_held=row["leases_held"], server_id=row["server_id"])
+    _set_time(w, "connected_since", row["connected_at"])
+    _set_time(w, "last_heartbeat", row["heartbeat_at"])
+    return w

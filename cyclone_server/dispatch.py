@@ -56,6 +56,7 @@ class HeldLease:
     attempt_deadline: datetime | None = None
     result_pending: bool = False  # a StepResult is on its way to the database
     trace: tracing.StepSpan | None = None  # the step's span, when the server traces
+    pushed_at: float = field(default_factory=time.monotonic)  # for the execution-time metric
 
 
 class End:
@@ -143,7 +144,7 @@ def to_result(r: pb.StepResult) -> Result | str:
             return Result(step_id, r.lease_generation, "completed", output=output)
         if outcome == "failed":
             return Result(step_id, r.lease_generation, "failed", message=r.failed.message,
-                          permanent=r.failed.permanent,
+                          permanent=r.failed.permanent, details=r.failed.details,
                           retry_delay=_delay(r.failed, "retry_delay", "failed.retry_delay"))
         if outcome == "snoozed":
             return Result(step_id, r.lease_generation, "snoozed",
@@ -197,6 +198,7 @@ class Dispatcher:
         self.stats = stats
         # Called with each lease's dispatch latency in seconds (e.g. a metrics histogram).
         self.latency_observers: list[Callable[[float], None]] = []
+        self.claim_observers: list[Callable[[str, float], None]] = []  # (kind, seconds waited)
         self._event = asyncio.Event()
         self._turn = itertools.count()
         self._stopping = False
@@ -263,6 +265,8 @@ class Dispatcher:
             for row in rows:  # from claimable (scheduled_at) to pushed
                 for observe in self.latency_observers:
                     observe(row["waited"])
+                for observe_kind in self.claim_observers:
+                    observe_kind(row["kind"], row["waited"])
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         if not waiting:
             return None

@@ -34,6 +34,9 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # A failure message is stored up to this many bytes (UTF-8); a longer one is cut there and
 # marked. Unlike payloads, a message is never a reason to refuse a result.
 MAX_ERROR_MESSAGE_BYTES = 64 * 1024
+# A failure's details (Failed.details: a traceback, a stack) are stored per attempt up to
+# this many bytes (UTF-8), cut and marked the same way past it.
+MAX_ERROR_DETAILS_BYTES = 16 * 1024
 ENQUEUE_MANY_MAX = 1000  # jobs per EnqueueMany call
 ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
 # The statements after which steps may have become claimable (when they returned rows).
@@ -84,6 +87,7 @@ class Result:
     permanent: bool = False
     retry_delay: float | None = None  # seconds
     delay: float | None = None  # seconds, snooze
+    details: str = ""  # Failed.details (a traceback); "" for none
     # The output's size (compact JSON) when the worker measured it over the limit and sent
     # the size instead of the output: the step is discarded (output_too_large).
     oversized_output_bytes: int | None = None
@@ -107,6 +111,8 @@ class Result:
             d["permanent"] = self.permanent
             if self.retry_delay is not None:
                 d["retry_delay_ms"] = self.retry_delay * 1000
+            if self.details:
+                d["details"] = storable_message(self.details, MAX_ERROR_DETAILS_BYTES)
         elif self.outcome == "snoozed":
             d["delay_ms"] = (self.delay or 0) * 1000
         return d
@@ -414,10 +420,11 @@ class Engine:
         return row["status"]  # type: ignore[index]
 
     async def fail(self, step_id: str, generation: int, message: str, *, permanent: bool = False,
-                   retry_delay: float | None = None) -> str:
+                   retry_delay: float | None = None, details: str = "") -> str:
         row = await self._one("step_fail", step_id=parse_id(step_id, "step_id"), generation=generation,
                               message=storable_message(message), permanent=permanent,
-                              retry_delay=_seconds(retry_delay))
+                              retry_delay=_seconds(retry_delay),
+                              details=storable_message(details, MAX_ERROR_DETAILS_BYTES) if details else None)
         return row["status"]  # type: ignore[index]
 
     async def snooze(self, step_id: str, generation: int, delay: float) -> str:
@@ -723,6 +730,26 @@ class Engine:
         if rows:
             self.announce()
         return rows
+    async def runs_ended(self, since: datetime | None, lag: timedelta) -> tuple[list[dict[str, Any]], datetime]:
+        """How many runs ended in (since, now - lag], by workflow and state; and now - lag,
+        the next call's `since`. With `since` None: no rows, only the bound."""
+        rows = await self._all("runs_ended", since=since, lag=lag)
+        return [r for r in rows if r["n"]], rows[0]["until"]
+
+    # -- workers registry ------------------------------------------------------------------
+
+    async def workers_beat(self, server_id: str, workers: Sequence[Mapping[str, Any]], grace: float, *,
+                           takeover: bool = False) -> int:
+        """Upsert the rows of the worker streams this server holds, live for `grace` seconds
+        more, and delete expired rows of any server (cyclone_workers_beat); `takeover` for a
+        new stream's Hello. Returns how many rows were written."""
+        row = await self._one("workers_beat", server_id=server_id, workers=Jsonb([dict(w) for w in workers]),
+                              grace=_seconds(grace), takeover=takeover)
+        return row["written"]  # type: ignore[index]
+
+    async def list_workers(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The live workers of every server of this database, by worker id."""
+        return await self._all("workers_list", kind=kind or None)
 
 
 __all__ = ["Engine", "Result", "CycloneError", "TERMINAL_RUN_STATES", "parse_id", "check_payload"]

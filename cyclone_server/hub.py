@@ -6,7 +6,9 @@ import asyncio
 import collections
 import logging
 import time
+import uuid
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -87,6 +89,12 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self._dispatch_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._releasing: set[asyncio.Task[None]] = set()
+        # The workers registry (cyclone_workers): each open stream's row id and start. A row
+        # lives `worker_grace` seconds past its last heartbeat (every `heartbeat` seconds).
+        self.worker_grace = lease_ttl
+        self._streams: dict[WorkerConn, tuple[str, datetime]] = {}
+        # Called with (kind, seconds from lease pushed to result received) per result.
+        self.execution_observers: list[Callable[[str, float], None]] = []
 
     @property
     def connected_workers(self) -> int:
@@ -103,7 +111,8 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self.notifier.subscribe("cyclone_available", self.wake)
         self._dispatch_task = asyncio.create_task(self.dispatcher.run(), name="cyclone-dispatch")
         self._tasks = [asyncio.create_task(self.committer.run(), name="cyclone-results"),
-                       asyncio.create_task(self._renew_loop(), name="cyclone-renew")]
+                       asyncio.create_task(self._renew_loop(), name="cyclone-renew"),
+                       asyncio.create_task(self._beat_loop(), name="cyclone-workers-beat")]
 
     async def stop(self, grace: float) -> None:
         """Stop pushing leases at once; keep applying results and renewing for up to `grace`
@@ -155,12 +164,14 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self.stats["connects"] += 1
         self.stats["reconnects"] += bool(hello.held)
         self.conns.append(conn)
+        self._streams[conn] = (str(uuid.uuid4()), datetime.now(timezone.utc))
         log.info("worker %s connected (%s, kinds %s, %d slots, %d held)", conn.worker_id, hello.sdk or "unknown sdk",
                  ",".join(conn.kinds), conn.slots, len(conn.held))
         self.wake()
         helpers = [asyncio.create_task(self._read(conn, context)), asyncio.create_task(self._ping(conn))]
         end = End(grpc.StatusCode.UNAVAILABLE, "the stream ended")
         try:
+            await self._beat([conn], takeover=True)  # listed in the workers registry at once
             while True:
                 msg = await conn.outbox.get()
                 if isinstance(msg, End):
@@ -173,6 +184,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             conn.closed = True
             self.conns.remove(conn)
             tracing.leases_ended((h.trace for h in conn.held.values()), "disconnected")
+            self._streams.pop(conn, None)  # its row expires worker_grace after its last heartbeat
             for task in helpers:
                 task.cancel()
             log.info("worker %s disconnected (%d leases held)", conn.worker_id, len(conn.held))
@@ -229,6 +241,11 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 self.stats["fenced_results"][status] += 1
                 refused.append(ack(r.step_id, r.lease_generation, status, detail or None))
             else:
+                held = conn.held.get((result.step_id, result.generation))
+                if held is not None and held.kind is not None and not held.result_pending:
+                    took = time.monotonic() - held.pushed_at
+                    for observe in self.execution_observers:
+                        observe(held.kind, took)
                 self.committer.submit(conn, result, r.step_id)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))
@@ -269,6 +286,27 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             if not released or not keys:
                 return
         # What is left was answered meanwhile or sat in a busy run: the sweep has it at expiry.
+
+    # -- workers registry -------------------------------------------------------------------
+
+    def _registry_row(self, conn: WorkerConn) -> dict[str, Any] | None:
+        stream = self._streams.get(conn)
+        if stream is None:
+            return None
+        return {"worker_id": conn.worker_id, "conn_id": stream[0], "sdk": conn.sdk, "kinds": conn.kinds,
+                "slots": conn.slots, "leases_held": len(conn.held), "connected_at": stream[1].isoformat()}
+
+    async def _beat(self, conns: list[WorkerConn], *, takeover: bool = False) -> None:
+        rows = [r for r in map(self._registry_row, conns) if r is not None]
+        try:
+            await self.engine.workers_beat(self.server_id, rows, self.worker_grace, takeover=takeover)
+        except Exception as e:  # the registry is a view for operators: the streams go on without it
+            log.warning("writing the workers registry failed: %s", e)
+
+    async def _beat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat)
+            await self._beat(list(self.conns))
 
     # -- lease renewal ----------------------------------------------------------------------
 

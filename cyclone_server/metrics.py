@@ -1,241 +1,97 @@
-"""Prometheus metrics of one server: counters kept in memory, the backlog read from Postgres at scrape time.
+"""Prometheus metrics of one server, with prometheus_client: counters of this process, and
+database-wide gauges read from Postgres once per scrape.
 
-The text exposition format (version 0.0.4) is small enough to write by hand, so the server
-needs no metrics library and no HTTP framework: `serve_metrics` is a plain asyncio server
-that answers `GET /metrics`. Counters are per process (Prometheus sums them across
-servers); the per-kind backlog gauges come from the view `cyclone_v_kinds`, so every
-server reports the same, database-wide numbers.
+Counters and histograms are per process (Prometheus sums them across servers), as are
+prometheus_client's process and Python metrics. The per-kind backlog, the workers per kind
+and the runs ended per workflow come from the database (the view `cyclone_v_kinds`, the
+table `cyclone_workers`, the index `cyclone_runs_finished`), so every server reports the
+same, database-wide numbers. Those are read in the server's event loop before each
+exposition (`Metrics.prepare`): concurrent scrapes share one read in flight, and a read
+that takes longer than STATS_TIMEOUT is reported (`cyclone_stats_up 0`), not waited for.
+
+Two ways to serve them: `serve_metrics` (prometheus_client's HTTP server on its own
+thread, `--metrics-listen`), and `scrape` for an HTTP app of the server's own loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import logging
-import math
 import os
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import GCCollector, PlatformCollector, ProcessCollector, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from .convert import kind_without_workers
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# No `_created` series beside every counter: Cyclone's counters start with the process.
+disable_created_metrics()
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 DEFAULT_METRICS_PORT = 9233
 # Step available -> lease pushed: from "claimed at once" to "the queue was minutes behind".
 DISPATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     300.0)
+# A handler's execution, lease pushed -> result received: milliseconds to the attempt timeout.
+EXECUTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+                     1800.0, 3600.0)
 STATS_TIMEOUT = 10.0  # seconds; a scrape must answer even when Postgres does not
-REQUEST_TIMEOUT = 5.0
+# Runs are counted as ended once they finished this long ago, so that a transaction that
+# ended a run but committed a little later (finished_at is its start time) is not missed.
+RUNS_ENDED_LAG = timedelta(seconds=5)
 
 
 class StatsSource(Protocol):
     async def stats(self) -> list[dict[str, Any]]: ...
 
+    async def list_workers(self, kind: str | None = None) -> list[dict[str, Any]]: ...
 
-def _escape(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-
-
-def _labels(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
+    async def runs_ended(self, since: datetime | None, lag: timedelta) -> tuple[list[dict[str, Any]], datetime]: ...
 
 
-def _num(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
+@dataclass
+class Snapshot:
+    """What one scrape read from the database."""
+
+    kinds: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    ok: bool = False
+    seconds: float = 0.0
 
 
-class _Family:
-    type_name = ""
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        self.name = name
-        self.help = help
-        self.labelnames = tuple(labelnames)
-        self._values: dict[tuple[str, ...], float] = {}
-
-    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name}: labels must be {self.labelnames}, got {tuple(labels)}")
-        return tuple(str(labels[n]) for n in self.labelnames)
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.type_name}"]
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        if not self.labelnames and not self._values:
-            lines.append(f"{self.name} 0")
-        for key, v in sorted(self._values.items()):
-            lines.append(f"{self.name}{_labels(self.labelnames, key)} {_num(v)}")
-        return lines
-
-
-class Counter(_Family):
-    """A value that only goes up (per process; it starts at 0 when the server starts)."""
-
-    type_name = "counter"
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter cannot decrease")
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def set_total(self, value: float, **labels: str) -> None:
-        """Mirror a running total kept elsewhere (e.g. a collections.Counter of the hub)."""
-        self._values[self._key(labels)] = float(value)
-
-
-class Gauge(_Family):
-    """A value that goes up and down."""
-
-    type_name = "gauge"
-
-    def set(self, value: float, **labels: str) -> None:
-        self._values[self._key(labels)] = float(value)
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
-
-
-class Histogram(_Family):
-    """Observations counted into cumulative buckets (no labels)."""
-
-    type_name = "histogram"
-
-    def __init__(self, name: str, help: str, buckets: Sequence[float]) -> None:
-        super().__init__(name, help)
-        self.buckets = tuple(sorted(buckets)) + (math.inf,)
-        self.counts = [0] * len(self.buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.sum += value
-        self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-                break
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        running = 0
-        for bound, n in zip(self.buckets, self.counts, strict=True):
-            running += n
-            lines.append(f'{self.name}_bucket{{le="{_num(bound)}"}} {running}')
-        lines += [f"{self.name}_sum {_num(self.sum)}", f"{self.name}_count {self.count}"]
-        return lines
+# Set while one exposition is generated: the snapshot the database collector reports.
+_SNAPSHOT: contextvars.ContextVar[Snapshot | None] = contextvars.ContextVar("cyclone_metrics_snapshot", default=None)
 
 
 def _seconds(v: Any) -> float:
     return v.total_seconds() if isinstance(v, timedelta) else float(v or 0)
 
 
-class Metrics:
-    """The metrics of one server process; the hub and the background tasks update them.
+class _DatabaseCollector:
+    """The database-wide families, from the snapshot of the exposition being generated."""
 
-    Example::
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
 
-        metrics = Metrics()
-        metrics.claims_total.inc(kind="send_email")
-        metrics.failures_total.inc(kind="send_email", error_kind="error")
-        text = await metrics.render(engine)     # what GET /metrics returns
-    """
+    def describe(self) -> list[Metric]:
+        return []  # collected only at scrape time
 
-    def __init__(self) -> None:
-        self.claims_total = Counter("cyclone_claims_total", "Steps claimed (leased to a worker).", ["kind"])
-        self.completions_total = Counter("cyclone_completions_total", "Completed results applied.", ["kind"])
-        self.failures_total = Counter(
-            "cyclone_failures_total",
-            "Failed results applied; error_kind is error (retried), permanent, max_attempts or timeout.",
-            ["kind", "error_kind"])
-        self.reclaims_total = Counter("cyclone_reclaims_total",
-                                      "Expired leases handled by this server's recovery sweep.")
-        self.fenced_results_total = Counter("cyclone_fenced_results_total",
-                                            "Results refused by the lease fence, by refusal status.", ["status"])
-        self.stream_reconnects_total = Counter("cyclone_stream_reconnects_total",
-                                               "Worker streams opened with held leases (a reconnect).")
-        self.connected_workers = Gauge("cyclone_connected_workers", "Worker streams open on this server.")
-        self.dispatch_latency_seconds = Histogram(
-            "cyclone_dispatch_latency_seconds", "From a step becoming claimable to its lease being pushed.",
-            DISPATCH_BUCKETS)
-        self.schedule_fires_total = Counter("cyclone_schedule_fires_total",
-                                            "Runs started by this server's scheduler, per schedule.", ["schedule"])
-        self.schedule_misses_total = Counter(
-            "cyclone_schedule_misses_total", "Fire times found older than the catch-up window, skipped.", ["schedule"])
-        self.schedule_skips_total = Counter("cyclone_schedule_skips_total",
-                                            "Fire times skipped by the overlap policy.", ["schedule"])
-        self._families: list[_Family] = [
-            self.claims_total, self.completions_total, self.failures_total, self.reclaims_total,
-            self.fenced_results_total, self.stream_reconnects_total, self.connected_workers,
-            self.dispatch_latency_seconds,
-            self.schedule_fires_total, self.schedule_misses_total, self.schedule_skips_total]
-        self._stats_inflight: asyncio.Future[list[dict[str, Any]]] | None = None
-        self._sources: list[Callable[[], None]] = []
-
-    def add_source(self, refresh: Callable[[], None]) -> None:
-        """Run `refresh` before each scrape, e.g. `lambda: m.connected_workers.set(hub.connected_workers)`."""
-        self._sources.append(refresh)
-
-    def count_result(self, kind: str, outcome: str, status: str, permanent: bool = False) -> None:
-        """Count one worker result by its apply status (see cyclone_results_apply).
-
-        Failures get error_kind "error" (retried), "permanent" (the handler said so),
-        "max_attempts" (discarded on the last attempt) or "output_too_large".
-        """
-        if status in ("stale", "ended", "unknown"):
-            self.fenced_results_total.inc(status=status)
-        elif outcome == "completed" and status == "applied":
-            self.completions_total.inc(kind=kind)
-        elif status == "output_too_large":
-            self.failures_total.inc(kind=kind, error_kind="output_too_large")
-        elif outcome == "failed" and status in ("retried", "discarded", "applied"):
-            error_kind = "error" if status == "retried" else "permanent" if permanent else "max_attempts"
-            self.failures_total.inc(kind=kind, error_kind=error_kind)
-
-    def render_counters(self) -> str:
-        """The in-memory metrics alone (no database read)."""
-        for refresh in self._sources:
-            try:
-                refresh()
-            except Exception:  # a broken source must not take the other metrics down with it
-                log.exception("metrics: a source failed")
-        return "\n".join(line for f in self._families for line in f.render()) + "\n"
-
-    async def _stats(self, engine: StatsSource) -> list[dict[str, Any]]:
-        # Concurrent scrapes (several Prometheus replicas) share one query in flight.
-        if self._stats_inflight is None:
-            self._stats_inflight = asyncio.ensure_future(asyncio.wait_for(engine.stats(), STATS_TIMEOUT))
-            self._stats_inflight.add_done_callback(lambda _: setattr(self, "_stats_inflight", None))
-        return await asyncio.shield(self._stats_inflight)
-
-    async def render(self, engine: StatsSource | None) -> str:
-        """The whole exposition: the counters, then the backlog of every kind read now."""
-        lines = [self.render_counters().rstrip("\n")]
-        if engine is None:
-            return lines[0] + "\n"
-        start = time.perf_counter()
-        try:
-            kinds, ok = await self._stats(engine), 1
-        except Exception as e:  # a scrape reports the failure instead of failing itself
-            log.warning("metrics: reading cyclone_v_kinds failed: %s", e)
-            kinds, ok = [], 0
-        elapsed = time.perf_counter() - start
+    def collect(self) -> Iterator[Metric]:
+        snap = _SNAPSHOT.get()
+        if snap is None:
+            return
         backlog = [
             ("cyclone_available", "Steps claimable now (the backlog), by kind.", "available"),
             ("cyclone_scheduled", "Steps available but waiting for a later scheduled_at (backoff, snooze), by kind.",
@@ -245,20 +101,213 @@ class Metrics:
              "Age of the oldest claimable step, by kind: the primary backlog indicator.", "oldest_available_age"),
         ]
         for name, help, column in backlog:
-            lines += [f"# HELP {name} {help}", f"# TYPE {name} gauge"]
-            lines += [f'{name}{{kind="{_escape(str(k["kind"]))}"}} {_num(_seconds(k[column]))}' for k in kinds]
-        lines += ["# HELP cyclone_stats_up 1 when the last read of cyclone_v_kinds succeeded.",
-                  "# TYPE cyclone_stats_up gauge", f"cyclone_stats_up {ok}",
-                  "# HELP cyclone_stats_scrape_seconds Time spent reading cyclone_v_kinds for this scrape.",
-                  "# TYPE cyclone_stats_scrape_seconds gauge", f"cyclone_stats_scrape_seconds {_num(elapsed)}"]
-        return "\n".join(lines) + "\n"
+            g = GaugeMetricFamily(name, help, labels=["kind"])
+            for k in snap.kinds:
+                g.add_metric([str(k["kind"])], _seconds(k[column]))
+            yield g
+        workers: dict[str, list[int]] = {str(k["kind"]): [0, 0] for k in snap.kinds}
+        for w in snap.workers:
+            for kind in w["kinds"]:
+                per = workers.setdefault(kind, [0, 0])
+                per[0] += 1
+                per[1] += max(0, w["slots"] - w["leases_held"])
+        g = GaugeMetricFamily("cyclone_kind_workers", "Connected workers (all servers) that run the kind.",
+                              labels=["kind"])
+        s = GaugeMetricFamily("cyclone_kind_free_slots", "Free slots of the connected workers that run the kind.",
+                              labels=["kind"])
+        for kind, (n, free) in sorted(workers.items()):
+            g.add_metric([kind], n)
+            s.add_metric([kind], free)
+        yield g
+        yield s
+        yield GaugeMetricFamily(
+            "cyclone_kinds_without_workers",
+            "Kinds with steps waiting to be claimed and no connected worker that runs them.",
+            value=sum(1 for k in snap.kinds if kind_without_workers(k)))
+        ended = CounterMetricFamily("cyclone_runs_ended", "Runs that ended (database-wide, counted from this "
+                                    "server's first scrape on), by workflow and state.", labels=["workflow", "state"])
+        for (workflow, state), n in sorted(self.metrics.runs_ended.items()):
+            ended.add_metric([workflow, state], n)
+        yield ended
+        yield GaugeMetricFamily("cyclone_stats_up", "1 when the last read of the database for metrics succeeded.",
+                                value=1 if snap.ok else 0)
+        yield GaugeMetricFamily("cyclone_stats_scrape_seconds",
+                                "Time spent reading the database for this scrape.", value=snap.seconds)
+
+
+class _ThreadRegistry:
+    """What prometheus_client's HTTP thread collects: the snapshot is read in the server's
+    loop (where the engine, the hub and its counters live), then exposed from the thread."""
+
+    def __init__(self, metrics: Metrics, engine: StatsSource | None, loop: asyncio.AbstractEventLoop) -> None:
+        self.metrics, self.engine, self.loop = metrics, engine, loop
+
+    def collect(self) -> Iterator[Metric]:
+        future = asyncio.run_coroutine_threadsafe(self.metrics.prepare(self.engine), self.loop)
+        snap = future.result(STATS_TIMEOUT + 5)
+        token = _SNAPSHOT.set(snap)
+        try:
+            yield from self.metrics.registry.collect()
+        finally:
+            _SNAPSHOT.reset(token)
+
+    def restricted_registry(self, names: list[str]) -> Any:
+        """For `/metrics?name[]=...`: only the families with one of these names (or samples)."""
+        wanted = set(names)
+        collect = self.collect
+
+        class Only:
+            def collect(self) -> Iterator[Metric]:
+                return (m for m in collect() if m.name in wanted or any(s.name in wanted for s in m.samples))
+        return Only()
+
+
+class Metrics:
+    """The metrics of one server process; the hub and the background tasks feed them.
+
+    Example::
+
+        metrics = Metrics()
+        metrics.claims_total.labels(kind="send_email").inc()
+        metrics.count_result("send_email", "failed", "retried")
+        body, content_type = await scrape(metrics, engine)   # what GET /metrics returns
+    """
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.claims_total = Counter("cyclone_claims_total", "Steps claimed (leased to a worker).", ["kind"],
+                                    registry=r)
+        self.completions_total = Counter("cyclone_completions_total", "Completed results applied.", ["kind"],
+                                         registry=r)
+        self.failures_total = Counter(
+            "cyclone_failures_total",
+            "Failed results applied; error_kind is error (retried), permanent, max_attempts or output_too_large.",
+            ["kind", "error_kind"], registry=r)
+        self.reclaims_total = Counter("cyclone_reclaims_total",
+                                      "Expired leases handled by this server's recovery sweep.", registry=r)
+        self.fenced_results_total = Counter("cyclone_fenced_results_total",
+                                            "Results refused by the lease fence, by refusal status.", ["status"],
+                                            registry=r)
+        self.stream_reconnects_total = Counter("cyclone_stream_reconnects_total",
+                                               "Worker streams opened with held leases (a reconnect).", registry=r)
+        self.connected_workers = Gauge("cyclone_connected_workers", "Worker streams open on this server.",
+                                       registry=r)
+        self.dispatch_latency_seconds = Histogram(
+            "cyclone_dispatch_latency_seconds", "From a step becoming claimable to its lease being pushed.",
+            buckets=DISPATCH_BUCKETS, registry=r)
+        self.queue_wait_seconds = Histogram(
+            "cyclone_queue_wait_seconds", "From a step becoming claimable to its claim, by kind.", ["kind"],
+            buckets=DISPATCH_BUCKETS, registry=r)
+        self.step_duration_seconds = Histogram(
+            "cyclone_step_duration_seconds",
+            "A handler's execution, from its lease being pushed to its result arriving, by kind.", ["kind"],
+            buckets=EXECUTION_BUCKETS, registry=r)
+        self.schedule_fires_total = Counter("cyclone_schedule_fires_total",
+                                            "Runs started by this server's scheduler, per schedule.", ["schedule"],
+                                            registry=r)
+        self.schedule_misses_total = Counter(
+            "cyclone_schedule_misses_total", "Fire times found older than the catch-up window, skipped.", ["schedule"],
+            registry=r)
+        self.schedule_skips_total = Counter("cyclone_schedule_skips_total",
+                                            "Fire times skipped by the overlap policy.", ["schedule"], registry=r)
+        r.register(_DatabaseCollector(self))
+        # cyclone_runs_ended_total, by (workflow, state): read from the database per scrape.
+        self.runs_ended: dict[tuple[str, str], int] = {}
+        self._runs_ended_since: datetime | None = None
+        self._inflight: asyncio.Future[Snapshot] | None = None
+        self._sources: list[Callable[[], None]] = []
+        self._mirrored: dict[tuple[int, tuple[str, ...]], float] = {}
+
+    def add_source(self, refresh: Callable[[], None]) -> None:
+        """Run `refresh` (in the event loop) before each scrape, e.g.
+        `lambda: m.connected_workers.set(hub.connected_workers)`."""
+        self._sources.append(refresh)
+
+    def mirror(self, counter: Counter, total: float, **labels: str) -> None:
+        """Bring `counter` up to a running total kept elsewhere (e.g. a collections.Counter of the hub)."""
+        key = (id(counter), tuple(f"{k}={v}" for k, v in sorted(labels.items())))
+        delta = total - self._mirrored.get(key, 0.0)
+        if delta > 0:
+            (counter.labels(**labels) if labels else counter).inc(delta)
+            self._mirrored[key] = total
+
+    def count_result(self, kind: str, outcome: str, status: str, permanent: bool = False) -> None:
+        """Count one worker result by its apply status (see cyclone_results_apply).
+
+        Failures get error_kind "error" (retried), "permanent" (the handler said so),
+        "max_attempts" (discarded on the last attempt) or "output_too_large".
+        """
+        if status in ("stale", "ended", "unknown"):
+            self.fenced_results_total.labels(status=status).inc()
+        elif outcome == "completed" and status == "applied":
+            self.completions_total.labels(kind=kind).inc()
+        elif status == "output_too_large":
+            self.failures_total.labels(kind=kind, error_kind="output_too_large").inc()
+        elif outcome == "failed" and status in ("retried", "discarded", "applied"):
+            error_kind = "error" if status == "retried" else "permanent" if permanent else "max_attempts"
+            self.failures_total.labels(kind=kind, error_kind=error_kind).inc()
+
+    async def prepare(self, engine: StatsSource | None) -> Snapshot:
+        """Refresh the sources and read the database for one exposition (in the event loop)."""
+        for refresh in self._sources:
+            try:
+                refresh()
+            except Exception:  # a broken source must not take the other metrics down with it
+                log.exception("metrics: a source failed")
+        if engine is None:
+            return Snapshot(ok=True)
+        # Concurrent scrapes (several Prometheus replicas) share one read in flight.
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._read(engine))
+            self._inflight.add_done_callback(lambda _: setattr(self, "_inflight", None))
+        return await asyncio.shield(self._inflight)
+
+    async def _read(self, engine: StatsSource) -> Snapshot:
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(STATS_TIMEOUT):
+                kinds = await engine.stats()
+                workers = await engine.list_workers()
+                ended, until = await engine.runs_ended(self._runs_ended_since, RUNS_ENDED_LAG)
+        except Exception as e:  # a scrape reports the failure instead of failing itself
+            log.warning("metrics: reading the database failed: %s", e)
+            return Snapshot(ok=False, seconds=time.perf_counter() - start)
+        for row in ended:
+            key = (row["workflow"] or "", row["state"])
+            self.runs_ended[key] = self.runs_ended.get(key, 0) + row["n"]
+        self._runs_ended_since = until
+        return Snapshot(kinds, workers, True, time.perf_counter() - start)
+
+    def expose(self, snapshot: Snapshot) -> bytes:
+        """The text exposition of everything, the database families from `snapshot`."""
+        token = _SNAPSHOT.set(snapshot)
+        try:
+            return generate_latest(self.registry)
+        finally:
+            _SNAPSHOT.reset(token)
+
+
+async def scrape(metrics: Metrics, engine: StatsSource | None) -> tuple[bytes, str]:
+    """(body, content type) of GET /metrics, for an HTTP app running in the server's loop.
+
+    Example (aiohttp)::
+
+        async def handle(request):
+            body, content_type = await scrape(server.metrics, server.engine)
+            return web.Response(body=body, headers={"Content-Type": content_type})
+    """
+    return metrics.expose(await metrics.prepare(engine)), CONTENT_TYPE
 
 
 class MetricsServer:
-    """The running HTTP endpoint; `port` is the bound port (useful with port 0)."""
+    """The running HTTP endpoint (prometheus_client's, on a thread); `port` is the bound port."""
 
-    def __init__(self, server: asyncio.Server, host: str, port: int) -> None:
-        self._server = server
+    def __init__(self, httpd: Any, thread: threading.Thread, host: str, port: int) -> None:
+        self._httpd = httpd
+        self._thread = thread
         self.host = host
         self.port = port
 
@@ -267,50 +316,19 @@ class MetricsServer:
         return f"{self.host}:{self.port}"
 
     async def close(self) -> None:
-        self._server.close()
-        await self._server.wait_closed()
-
-
-def _response(status: str, body: bytes, content_type: str = "text/plain; charset=utf-8",
-              head: bool = False) -> bytes:
-    headers = (f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-               "Connection: close\r\n\r\n")
-    return headers.encode() + (b"" if head else body)
-
-
-def _handler(render: Callable[[], Awaitable[str]]) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter],
-                                                                 Awaitable[None]]:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
-            parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
-            method, target = (parts[0], parts[1]) if len(parts) == 3 else ("", "")
-            path = target.split("?", 1)[0]
-            if not method:
-                reply = _response("400 Bad Request", b"bad request\n")
-            elif path != "/metrics":
-                reply = _response("404 Not Found", b"not found: the metrics are at /metrics\n")
-            elif method not in ("GET", "HEAD"):
-                reply = _response("405 Method Not Allowed", b"only GET /metrics\n")
-            else:
-                reply = _response("200 OK", (await render()).encode(), CONTENT_TYPE, head=method == "HEAD")
-            writer.write(reply)
-            await writer.drain()
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-            pass  # a client that sends no complete request gets no answer
-        finally:
-            writer.close()
-
-    return handle
+        await asyncio.to_thread(self._httpd.shutdown)
+        self._httpd.server_close()
+        await asyncio.to_thread(self._thread.join, 5)
 
 
 async def serve_metrics(metrics: Metrics, engine: StatsSource | None, host: str = "127.0.0.1",
                         port: int = DEFAULT_METRICS_PORT) -> MetricsServer:
-    """Serve `GET /metrics` on host:port (0: any free port) until `close()`."""
-    server = await asyncio.start_server(_handler(lambda: metrics.render(engine)), host, port)
-    bound = server.sockets[0].getsockname()[1]
+    """Serve GET /metrics on host:port (0: any free port) until `close()`."""
+    registry = _ThreadRegistry(metrics, engine, asyncio.get_running_loop())
+    httpd, thread = await asyncio.to_thread(start_http_server, port, host, registry)  # type: ignore[arg-type]
+    bound = httpd.server_port
     log.info("metrics listening on http://%s:%d/metrics", host, bound)
-    return MetricsServer(server, host, bound)
+    return MetricsServer(httpd, thread, host, bound)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -328,5 +346,5 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-__all__ = ["Metrics", "MetricsServer", "serve_metrics", "add_arguments", "parse_listen", "Counter", "Gauge",
-           "Histogram", "CONTENT_TYPE", "DEFAULT_METRICS_PORT"]
+__all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics", "add_arguments", "parse_listen",
+           "CONTENT_TYPE", "DEFAULT_METRICS_PORT"]

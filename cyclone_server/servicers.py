@@ -147,3 +147,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                        context: grpc.aio.ServicerContext) -> admin_pb2.GetStatsResponse:
         rows = await self.engine.stats()
         return admin_pb2.GetStatsResponse(kinds=[convert.kind_stats_to_proto(r) for r in rows])
+
+    @rpc
+    async def ListWorkers(self, request: admin_pb2.ListWorkersRequest,
+                          context: grpc.aio.ServicerContext) -> admin_pb2.ListWorkersResponse:
+        if request.kind:
+            definitions.validate_kind(request.kind, "kind")
+        rows = await self.engine.list_workers(request.kind or None)
+        return admin_pb2.ListWorkersResponse(workers=[convert.worker_to_proto(r) for r in rows])

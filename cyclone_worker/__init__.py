@@ -17,17 +17,18 @@ Example::
 
 from ._client import Client, Job
 from ._context import CancelFlag, CompletionTx, Context
+from ._logging import StepLogFilter
 from ._errors import (CycloneClientError, CycloneError, Fenced, HandlerError, Permanent, RetryAfter, RunCancelled,
                       RunFailed, Snooze)
-from ._models import TERMINAL_RUN_STATES, KindStats, Run, Step, StepError, WorkflowInfo
+from ._models import TERMINAL_RUN_STATES, KindStats, Run, Step, StepError, WorkerInfo, WorkflowInfo
 from ._schedules import Schedule, ScheduleRun
 from ._worker import Handler, Reconnect, Worker
 from ._workflow import CancelBranch, FailRun, Workflow
 
 __all__ = [
-    "Worker", "Reconnect", "Handler", "Context", "CancelFlag", "CompletionTx",
+    "Worker", "Reconnect", "Handler", "Context", "CancelFlag", "CompletionTx", "StepLogFilter",
     "Workflow", "CancelBranch", "FailRun",
-    "Client", "Job", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "TERMINAL_RUN_STATES",
+    "Client", "Job", "Run", "Step", "StepError", "WorkflowInfo", "KindStats", "WorkerInfo", "TERMINAL_RUN_STATES",
     "CycloneError", "HandlerError", "Permanent", "RetryAfter", "Snooze", "Fenced", "CycloneClientError",
     "RunFailed", "RunCancelled",
     "Schedule", "ScheduleRun",

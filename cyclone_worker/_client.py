@@ -14,7 +14,7 @@ import grpc
 
 from ._channel import auth_metadata, open_channel
 from ._errors import CycloneClientError, RunCancelled, RunFailed
-from ._models import KindStats, Run, WorkflowInfo
+from ._models import KindStats, Run, WorkerInfo, WorkflowInfo
 from ._tracing import trace_metadata
 from ._schedules import Schedule, overlap_value, settings_proto
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
@@ -401,6 +401,18 @@ class Client:
         resp = await self._call(admin_pb2_grpc.AdminStub, "GetStats", admin_pb2.GetStatsRequest())
         return [KindStats.from_proto(k) for k in resp.kinds]
 
+    async def workers(self, kind: str | None = None) -> builtins.list[WorkerInfo]:
+        """The workers connected to any server of the database (Admin.ListWorkers), by id;
+        with `kind`, only those that run it.
+
+        Example::
+
+            if not await client.workers("send_email"):
+                print("no worker runs send_email")
+        """
+        req = admin_pb2.ListWorkersRequest(kind=kind or "")
+        resp = await self._call(admin_pb2_grpc.AdminStub, "ListWorkers", req)
+        return [WorkerInfo.from_proto(w) for w in resp.workers]
     # -- schedules -------------------------------------------------------------------------
 
     async def create_schedule(self, name: str, *, workflow: str | Workflow | None = None, job: Job | None = None,

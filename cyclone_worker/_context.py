@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._errors import Fenced, Permanent
+from ._logging import StepLogger
 from cyclone_proto import workers_pb2
 from ._values import from_struct, from_timestamp, from_value
 
@@ -128,6 +130,17 @@ class Context:
         self._pool = pool
         # Set once completion_tx committed: the step is already completed in the database.
         self.completed_in_tx = False
+
+    @property
+    def log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+        """A logger (`cyclone_worker.handler`) whose records carry this step's run_id,
+        step_id, node, kind and attempt, and start with them (see StepLogFilter).
+
+        Example::
+
+            ctx.log.warning("upstream slow, retrying")
+        """
+        return StepLogger(logging.getLogger("cyclone_worker.handler"), self)
 
     @property
     def last_attempt(self) -> bool:

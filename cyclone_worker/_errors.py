@@ -6,6 +6,7 @@ hierarchy: `Permanent` and `RetryAfter` are shorthands that set it.
 
 from __future__ import annotations
 
+import traceback
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -185,15 +186,19 @@ def outcome_of(exc: BaseException) -> workers_pb2.StepResult:
 
     Snooze -> snoozed; HandlerError -> failed with its permanence and retry delay; any
     other exception -> a retryable failure named ``"{type}: {message}"``.
+    A failure carries the exception's formatted traceback in `failed.details` (with its
+    causes), which the server keeps in the step's error history.
     """
     result = workers_pb2.StepResult()
     if isinstance(exc, Snooze):
         result.snoozed.delay.CopyFrom(to_duration(exc.delay))
-    elif isinstance(exc, HandlerError):
+        return result
+    if isinstance(exc, HandlerError):
         result.failed.message = exc.message
         result.failed.permanent = exc.permanent
         if exc.retry_delay is not None and not exc.permanent:
             result.failed.retry_delay.CopyFrom(to_duration(exc.retry_delay))
     else:
         result.failed.message = f"{type(exc).__name__}: {exc}"
+    result.failed.details = "".join(traceback.format_exception(exc))
     return result

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._context import Context
 from ._errors import Permanent, outcome_of
+from ._logging import current_step
 from ._models import enum_name
 from ._tracing import traced
 from cyclone_proto import workers_pb2
@@ -36,6 +37,8 @@ LeaseKey = tuple[str, int]  # (step_id, lease_generation)
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # The server stores a failure message up to this many bytes and cuts the rest: so is it sent.
 MAX_ERROR_MESSAGE_BYTES = 64 * 1024
+# The same for a failure's details (the traceback).
+MAX_ERROR_DETAILS_BYTES = 16 * 1024
 
 
 def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
@@ -52,13 +55,19 @@ def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
     return workers_pb2.StepResult(completed=workers_pb2.Completed(output=value))
 
 
+def _cut(text: str, limit: int) -> str:
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    return raw[:limit].decode("utf-8", "ignore") + f"... [cut at {limit} of {len(raw)} bytes]"
+
+
 def bounded_message(result: workers_pb2.StepResult) -> workers_pb2.StepResult:
-    """Cut a failure message past MAX_ERROR_MESSAGE_BYTES, as the server would store it."""
+    """Cut a failure message past MAX_ERROR_MESSAGE_BYTES and its details past
+    MAX_ERROR_DETAILS_BYTES, as the server would store them."""
     if result.HasField("failed"):
-        raw = result.failed.message.encode("utf-8")
-        if len(raw) > MAX_ERROR_MESSAGE_BYTES:
-            result.failed.message = (raw[:MAX_ERROR_MESSAGE_BYTES].decode("utf-8", "ignore")
-                                     + f"... [cut at {MAX_ERROR_MESSAGE_BYTES} of {len(raw)} bytes]")
+        result.failed.message = _cut(result.failed.message, MAX_ERROR_MESSAGE_BYTES)
+        result.failed.details = _cut(result.failed.details, MAX_ERROR_DETAILS_BYTES)
     return result
 
 
@@ -154,6 +163,7 @@ class LeaseTable:
     async def _execute(self, h: Held) -> None:
         fn = self.handlers.get(h.lease.kind)
         result: workers_pb2.StepResult | None
+        current_step.set(h.ctx)  # this task's own context: what StepLogFilter reads
         try:
             if fn is None:
                 raise LookupError(f"worker {self.worker_id} has no handler for kind {h.lease.kind!r}")
@@ -177,6 +187,8 @@ class LeaseTable:
             result = None if h.stopped else outcome_of(RuntimeError(f"handler raised CancelledError {e}".strip()))
         except Exception as e:  # noqa: BLE001 - every handler error becomes a result
             result = outcome_of(e)
+            if result.HasField("failed"):  # the worker's log keeps the traceback too
+                h.ctx.log.warning("handler %s failed: %s", h.lease.kind, result.failed.message, exc_info=e)
         if h.ctx.completed_in_tx:
             # The step completed in the handler's transaction; this answer only frees the slot
             # (it is acked ENDED), so it carries no output that could fail to convert.

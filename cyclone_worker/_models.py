@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 from cyclone_proto import admin_pb2, types_pb2
 from ._values import from_duration, from_timestamp, from_value
 
-__all__ = ["Run", "Step", "StepError", "KindStats", "WorkflowInfo", "TERMINAL_RUN_STATES"]
+__all__ = ["Run", "Step", "StepError", "KindStats", "WorkerInfo", "WorkflowInfo", "TERMINAL_RUN_STATES"]
 
 #: Run states after which WaitRun returns (a failed run may still be reopened by a retry).
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
@@ -48,6 +48,7 @@ class StepError:
     message: str
     at: datetime | None
     reason: str = ""
+    details: str = ""  # Failed.details of the attempt, e.g. the handler's traceback
 
 
 @dataclass
@@ -101,7 +102,8 @@ class Step:
             lease_generation=s.lease_generation, lease_owner=s.lease_owner, output=_value(s, "output"),
             error_kind=s.error_kind, reason=s.reason, cancel_cause=s.cancel_cause,
             child_run_id=s.child_run_id, deps=list(s.deps),
-            errors=[StepError(e.attempt, e.error_kind, e.message, _time(e, "at"), e.reason) for e in s.errors],
+            errors=[StepError(e.attempt, e.error_kind, e.message, _time(e, "at"), e.reason, e.details)
+                    for e in s.errors],
             scheduled_at=_time(s, "scheduled_at"), lease_expiry=_time(s, "lease_expiry"),
             created_at=_time(s, "created_at"), started_at=_time(s, "started_at"),
             finished_at=_time(s, "finished_at"), attempt_deadline=_time(s, "attempt_deadline"))
@@ -204,7 +206,8 @@ def _node_dict(n: types_pb2.Node) -> dict[str, Any]:
 class KindStats:
     """Backlog of one step kind (`Client.stats`): `available` (claimable now), `running`,
     `scheduled` (waiting for a later scheduled_at: a backoff, a snooze, a scheduled job) and
-    `oldest_available_age` in seconds.
+    `oldest_available_age` in seconds; `workers` and `free_slots` of the connected workers
+    that run it, `no_workers` when steps wait for a kind no connected worker runs.
 
     Example::
 
@@ -217,7 +220,38 @@ class KindStats:
     running: int
     oldest_available_age: float
     scheduled: int = 0
+    workers: int = 0  # connected workers that run this kind
+    free_slots: int = 0  # their free slots
+    no_workers: bool = False  # steps wait to be claimed and no connected worker runs the kind
 
     @classmethod
     def from_proto(cls, k: admin_pb2.KindStats) -> KindStats:
-        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled)
+        return cls(k.kind, k.available, k.running, from_duration(k.oldest_available_age), k.scheduled,
+                   k.workers, k.free_slots, k.no_workers)
+
+
+@dataclass
+class WorkerInfo:
+    """A worker connected to any server of the database (`Client.workers`): its id, SDK,
+    kinds, slots, the leases it held at its last heartbeat, its server, when it connected
+    and when its server last refreshed it.
+
+    Example::
+
+        for w in await client.workers("send_email"):
+            print(w.worker_id, w.server_id, w.leases_held, "/", w.slots)
+    """
+
+    worker_id: str
+    sdk: str
+    kinds: list[str]
+    slots: int
+    leases_held: int
+    server_id: str
+    connected_since: datetime | None
+    last_heartbeat: datetime | None
+
+    @classmethod
+    def from_proto(cls, w: admin_pb2.WorkerInfo) -> WorkerInfo:
+        return cls(w.worker_id, w.sdk, list(w.kinds), w.slots, w.leases_held, w.server_id,
+                   _time(w, "connected_since"), _time(w, "last_heartbeat"))

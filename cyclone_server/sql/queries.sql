@@ -53,7 +53,8 @@ SELECT extract(epoch FROM min(n.at) - now())::float8 AS seconds
 SELECT cyclone_step_complete(%(step_id)s, %(generation)s, %(output)s, %(max_output_bytes)s) AS status;
 
 -- name: step_fail
-SELECT cyclone_step_fail(%(step_id)s, %(generation)s, %(message)s, %(permanent)s, %(retry_delay)s) AS status;
+SELECT cyclone_step_fail(%(step_id)s, %(generation)s, %(message)s, %(permanent)s, %(retry_delay)s,
+                         %(details)s) AS status;
 
 -- name: step_snooze
 SELECT cyclone_step_snooze(%(step_id)s, %(generation)s, %(delay)s) AS status;
@@ -133,7 +134,37 @@ SELECT * FROM cyclone_runs
  LIMIT %(limit)s;
 
 -- name: kinds_stats
-SELECT kind, available, scheduled, running, oldest_available_age FROM cyclone_v_kinds ORDER BY kind;
+-- The backlog of each kind with steps, and the live workers serving it (cyclone_workers).
+SELECT v.kind, v.available, v.scheduled, v.running, v.oldest_available_age,
+       COALESCE(w.workers, 0) AS workers, COALESCE(w.free_slots, 0) AS free_slots
+  FROM cyclone_v_kinds v
+  LEFT JOIN LATERAL (SELECT count(*) AS workers, sum(greatest(x.slots - x.leases_held, 0)) AS free_slots
+                       FROM cyclone_workers x
+                      WHERE x.kinds @> ARRAY[v.kind] AND x.expires_at > now()) w ON true
+ ORDER BY v.kind;
+
+-- name: workers_beat
+SELECT cyclone_workers_beat(%(server_id)s, %(workers)s, %(grace)s, %(takeover)s) AS written;
+
+-- name: workers_list
+-- The live workers of every server, optionally only those serving one kind.
+SELECT worker_id, server_id, sdk, kinds, slots, leases_held, connected_at, heartbeat_at, expires_at
+  FROM cyclone_workers
+ WHERE expires_at > now() AND (%(kind)s::text IS NULL OR kinds @> ARRAY[%(kind)s::text])
+ ORDER BY worker_id;
+
+-- name: runs_ended
+-- Runs that ended after %(since)s and at least %(lag)s ago (a transaction that ended a run
+-- may commit after its finished_at), by workflow and state, and that bound (`until`): the
+-- next call's `since`. With `since` NULL, only the bound. An index range scan of
+-- cyclone_runs_finished over the runs that ended since the last call.
+WITH b AS (SELECT now() - %(lag)s::interval AS until)
+SELECT r.workflow_name AS workflow, r.state, count(r.id) AS n, b.until
+  FROM b
+  LEFT JOIN cyclone_runs r
+    ON r.state IN ('completed', 'failed', 'cancelled')
+   AND r.finished_at > %(since)s::timestamptz AND r.finished_at <= b.until
+ GROUP BY r.workflow_name, r.state, b.until;
 
 -- Schedules (functions/70_schedules.sql; fire times come from schedule_spec.py).
 

@@ -56,6 +56,24 @@ class WorkerScenarios(WorkerFixtures):
         c = step_of(run, "c")
         assert (c.state, c.cancel_cause) == (types_pb2.STEP_STATE_CANCELLED, "fail_fast")
 
+    async def test_a_failure_sends_its_stack_as_details(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        """Failed.details: Node sends the error's stack; Go, whose errors have none, the chain of
+        wrapped errors, and for a panic the panicking goroutine's stack."""
+        launch_worker(self.lang, server.address, {"broken": "permanent", "boom": "panic"})
+        # Two runs: in one, the first discard would cancel the other node (fail-fast).
+        a = step_of(await runs.wait(await runs.start("details-a", [task("a", "broken")])), "a")
+        b = step_of(await runs.wait(await runs.start("details-b", [task("b", "boom", max_attempts=1)])), "b")
+        assert a.errors[-1].message == "planned permanent failure of a"
+        assert "planned permanent failure of a" in a.errors[-1].details
+        assert b.errors[-1].message.endswith("demo explosion in b")
+        details = b.errors[-1].details
+        if self.lang == "go":
+            assert "goroutine " in details and "main.explode" in details
+            assert a.errors[-1].details.startswith("worker.permanentError: planned permanent failure of a\n")
+        else:
+            assert details.startswith("TypeError: demo explosion in b\n") and "at explode" in details
+            assert "\n    at " in a.errors[-1].details
+
     async def test_an_output_over_the_limit_is_sent_as_its_size_and_discards_the_step(
             self, start_server: Any, db_url: str, launch_worker: Any) -> None:
         srv = start_server(db_url, extra_args=["--max-payload-bytes", "1000"])

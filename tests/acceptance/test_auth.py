@@ -38,8 +38,8 @@ SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/EnqueueMany", "Runs/GetRu
                "Schedules/CreateSchedule", "Schedules/GetSchedule", "Schedules/ListSchedules",
                "Schedules/UpdateSchedule", "Schedules/TriggerSchedule"]
 ADMIN_RPCS = ["Runs/CancelRun", "Runs/PauseRun", "Runs/ResumeRun", "Runs/RetryStep", "Runs/RetryAll",
-              "Runs/PurgeTerminalRuns", "Admin/GetStats", "Schedules/PauseSchedule", "Schedules/ResumeSchedule",
-              "Schedules/DeleteSchedule"]
+              "Runs/PurgeTerminalRuns", "Admin/GetStats", "Admin/ListWorkers", "Schedules/PauseSchedule",
+              "Schedules/ResumeSchedule", "Schedules/DeleteSchedule"]
 
 
 def _fixed_servicer(pb2: Any, grpc_module: Any, service: str) -> Any:

@@ -269,6 +269,7 @@ def valid_requests(run_id: str) -> dict[str, dict[str, Any]]:
         "PurgeTerminalRuns": {"older_than": secs(1)},
         "GetStats": {},
         **schedule_requests(),
+        "ListWorkers": {},
     }
 
 

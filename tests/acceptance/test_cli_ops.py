@@ -99,6 +99,7 @@ async def test_runs_list_get_and_stats(server: Any, stubs: Any, engine: Engine) 
     table = [line.split() for line in got.stdout.splitlines()]
     rows = {words[0]: words for words in table if words[:1] in (["extract"], ["load"])}
     assert rows["extract"][3] == "completed" and rows["load"][3] == "available"
+    assert got.stdout.splitlines()[-1] == "no connected worker runs kind `load`"
     assert json.loads(cli(server.address, "runs", "get", first, "--json").stdout)["id"] == first
 
     # A job not claimable for an hour is not backlog: its kind shows nothing available.
@@ -107,9 +108,16 @@ async def test_runs_list_get_and_stats(server: Any, stubs: Any, engine: Engine) 
     await runs.Enqueue(runs_pb2.EnqueueRequest(kind="report", scheduled_at=later))
     stats = cli(server.address, "stats")
     assert stats.returncode == 0, stats.stderr
-    assert stats.stdout.splitlines()[0].split() == ["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST", "AVAILABLE"]
-    figures = {words[0]: (words[1], words[3]) for words in map(str.split, stats.stdout.splitlines()[1:])}
+    lines = stats.stdout.splitlines()
+    assert lines[0].split() == ["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST", "AVAILABLE", "WORKERS",
+                                "FREE", "SLOTS"]
+    rows = lines[1:lines.index("")]
+    figures = {words[0]: (words[1], words[3]) for words in map(str.split, rows)}
     assert figures == {"extract": ("1", "0"), "load": ("1", "0"), "report": ("0", "0")}  # (available, running)
+    # No worker is connected: every kind with steps waiting says so.
+    assert {words[0]: words[5] for words in map(str.split, rows)} == {"extract": "NONE", "load": "NONE",
+                                                                       "report": "NONE"}
+    assert lines[lines.index("") + 1:] == [f"no connected worker runs kind `{k}`" for k in ("extract", "load", "report")]
     kinds = json.loads(cli(server.address, "stats", "--json").stdout)["kinds"]
     # int64 is a JSON string; a zero is left out
     assert {k["kind"]: k.get("available") for k in kinds} == {"extract": "1", "load": "1", "report": None}

@@ -68,6 +68,8 @@ def test_register_submit_get_cancel_with_json(server: Any) -> None:
     assert job["created"] is True and job["step_id"]
     stats = json.loads(grpcurl(addr, "cyclone.v1.Admin/GetStats"))
     assert [k["kind"] for k in stats["kinds"]] == ["email"]
+    assert stats["kinds"][0]["no_workers"] is True  # nobody runs "email"
+    assert json.loads(grpcurl(addr, "cyclone.v1.Admin/ListWorkers", data={"kind": "email"})) == {}
 
 
 def test_bad_input_shows_status_and_field(server: Any) -> None:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from cyclone_server.engine import Engine
-from cyclone_server.metrics import CONTENT_TYPE, Metrics, MetricsServer, serve_metrics
+from cyclone_server.metrics import CONTENT_TYPE, Metrics, MetricsServer, scrape, serve_metrics
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 
@@ -86,15 +86,18 @@ async def test_backlog_per_kind_is_read_from_the_database_at_scrape_time(
 
 async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple[Metrics, MetricsServer]) -> None:
     metrics, server = endpoint
-    metrics.claims_total.inc(kind="email")
-    metrics.claims_total.inc(2, kind="email")
-    metrics.claims_total.inc(kind='we"ird\\kind\n')
+    metrics.claims_total.labels(kind="email").inc()
+    metrics.mirror(metrics.claims_total, 2, kind="email")  # a running total kept elsewhere: +2
+    metrics.mirror(metrics.claims_total, 2, kind="email")  # unchanged: +0
+    metrics.claims_total.labels(kind='we"ird\\kind\n').inc()
     metrics.count_result("email", "completed", "applied")
     metrics.count_result("email", "failed", "retried")
     metrics.count_result("email", "failed", "discarded", permanent=True)
     metrics.count_result("email", "failed", "discarded")
     metrics.count_result("email", "completed", "stale")
     metrics.reclaims_total.inc(4)
+    metrics.step_duration_seconds.labels(kind="email").observe(0.2)
+    metrics.queue_wait_seconds.labels(kind="email").observe(0.002)
     metrics.stream_reconnects_total.inc()
     metrics.add_source(lambda: metrics.connected_workers.set(7))
     for seconds in (0.0005, 0.02, 0.02, 3.0, 1000.0):
@@ -104,9 +107,9 @@ async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple
     assert samples['cyclone_claims_total{kind="email"}'] == 3
     assert samples['cyclone_claims_total{kind="we\\"ird\\\\kind\\n"}'] == 1
     assert samples['cyclone_completions_total{kind="email"}'] == 1
-    assert samples['cyclone_failures_total{kind="email",error_kind="error"}'] == 1
-    assert samples['cyclone_failures_total{kind="email",error_kind="permanent"}'] == 1
-    assert samples['cyclone_failures_total{kind="email",error_kind="max_attempts"}'] == 1
+    assert samples['cyclone_failures_total{error_kind="error",kind="email"}'] == 1
+    assert samples['cyclone_failures_total{error_kind="permanent",kind="email"}'] == 1
+    assert samples['cyclone_failures_total{error_kind="max_attempts",kind="email"}'] == 1
     assert samples['cyclone_fenced_results_total{status="stale"}'] == 1
     assert samples["cyclone_reclaims_total"] == 4
     assert samples["cyclone_stream_reconnects_total"] == 1
@@ -114,35 +117,53 @@ async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple
     h = "cyclone_dispatch_latency_seconds"
     assert samples[f'{h}_bucket{{le="0.001"}}'] == 1
     assert samples[f'{h}_bucket{{le="0.025"}}'] == 3
-    assert samples[f'{h}_bucket{{le="5"}}'] == 4
+    assert samples[f'{h}_bucket{{le="5.0"}}'] == 4
     assert samples[f'{h}_bucket{{le="+Inf"}}'] == samples[f"{h}_count"] == 5
     assert samples[f"{h}_sum"] == pytest.approx(1003.0405)
+    assert samples['cyclone_step_duration_seconds_bucket{kind="email",le="0.25"}'] == 1
+    assert samples['cyclone_queue_wait_seconds_count{kind="email"}'] == 1
+    # prometheus_client's own process and Python metrics come along.
+    assert samples["process_cpu_seconds_total"] >= 0 and "python_info" in "".join(samples)
 
 
 async def test_counters_start_at_zero_and_reject_a_decrease(endpoint: tuple[Metrics, MetricsServer]) -> None:
     metrics, server = endpoint
     samples = parse((await http_get(server.port))[2])
     assert samples["cyclone_reclaims_total"] == 0 and samples["cyclone_connected_workers"] == 0
-    with pytest.raises(ValueError, match="cannot decrease"):
+    with pytest.raises(ValueError, match="non-negative"):
         metrics.reclaims_total.inc(-1)
-    with pytest.raises(ValueError, match="labels must be"):
-        metrics.claims_total.inc(wrong="x")
+    with pytest.raises(ValueError, match="label"):
+        metrics.claims_total.labels(wrong="x")
 
 
-async def test_only_get_and_head_of_metrics_are_served(endpoint: tuple[Metrics, MetricsServer]) -> None:
+async def test_get_is_served_and_other_methods_are_not(endpoint: tuple[Metrics, MetricsServer]) -> None:
     _, server = endpoint
-    assert (await http_get(server.port, "/"))[0] == 404
-    assert (await http_get(server.port, "/metrics/x"))[0] == 404
     assert (await http_get(server.port, "/metrics", "POST"))[0] == 405
-    status, headers, body = await http_get(server.port, "/metrics?x=1", "HEAD")
-    assert status == 200 and body == "" and int(headers["content-length"]) > 0
+    status, _, body = await http_get(server.port, "/metrics?x=1")
+    assert status == 200 and "cyclone_stats_up 1.0" in body
+    status, _, body = await http_get(server.port, "/metrics?name[]=cyclone_stats_up&name[]=cyclone_claims_total")
+    assert status == 200 and {k.split("{")[0] for k in parse(body)} == {"cyclone_stats_up"}  # no claims yet
+
+
+async def test_scrape_gives_the_same_exposition_in_the_servers_loop(engine: Engine) -> None:
+    """`scrape` is what an HTTP app of the server's own loop serves at /metrics."""
+    await engine.enqueue("email")
+    metrics = Metrics()
+    metrics.claims_total.labels(kind="email").inc()
+    body, content_type = await scrape(metrics, engine)
+    samples = parse(body.decode())
+    assert content_type == CONTENT_TYPE
+    assert samples['cyclone_available{kind="email"}'] == 1 and samples['cyclone_claims_total{kind="email"}'] == 1
+    # No worker runs "email": flagged, with its workers gauge at 0.
+    assert samples['cyclone_kind_workers{kind="email"}'] == 0
+    assert samples["cyclone_kinds_without_workers"] == 1
 
 
 async def test_a_database_failure_is_reported_not_fatal(db_url: str) -> None:
     engine = await Engine.open(db_url, min_size=1, max_size=1)
     await engine.close()  # a real pool that can no longer give connections
     metrics = Metrics()
-    metrics.claims_total.inc(kind="email")
+    metrics.claims_total.labels(kind="email").inc()
     server = await serve_metrics(metrics, engine, "127.0.0.1", 0)
     try:
         status, _, body = await http_get(server.port)

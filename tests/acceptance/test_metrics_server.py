@@ -61,7 +61,7 @@ async def database_says(conn: psycopg.AsyncConnection) -> dict[str, float]:
     for kind, error_kind, n in await (await conn.execute(
             "SELECT s.kind, e ->> 'error_kind', count(*) FROM cyclone_steps s, jsonb_array_elements(s.errors) e "
             "GROUP BY 1, 2")).fetchall():
-        expected[f'cyclone_failures_total{{kind="{kind}",error_kind="{error_kind}"}}'] = n
+        expected[f'cyclone_failures_total{{error_kind="{error_kind}",kind="{kind}"}}'] = n
     # Available: claimable now; scheduled: waiting for a later scheduled_at (not backlog).
     for kind, available, scheduled, running in await (await conn.execute(
             "SELECT kind, count(*) FILTER (WHERE state = 'available' AND scheduled_at <= now()), "
@@ -166,9 +166,9 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
         # What the workload was, spelled out, so the database query above is checked too.
         assert expected['cyclone_claims_total{kind="flaky"}'] == 2 * M_FLAKY
         assert expected['cyclone_completions_total{kind="ok"}'] == N_OK
-        assert expected['cyclone_failures_total{kind="flaky",error_kind="error"}'] == M_FLAKY
-        assert expected['cyclone_failures_total{kind="doomed",error_kind="permanent"}'] == 1
-        assert expected['cyclone_failures_total{kind="hopeless",error_kind="max_attempts"}'] == 1
+        assert expected['cyclone_failures_total{error_kind="error",kind="flaky"}'] == M_FLAKY
+        assert expected['cyclone_failures_total{error_kind="permanent",kind="doomed"}'] == 1
+        assert expected['cyclone_failures_total{error_kind="max_attempts",kind="hopeless"}'] == 1
         assert expected['cyclone_available{kind="backlog"}'] == N_BACKLOG
         assert expected['cyclone_scheduled{kind="backlog"}'] == 1
         assert expected['cyclone_scheduled{kind="slow"}'] == 0
@@ -201,4 +201,30 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
             "SELECT extract(epoch FROM oldest_available_age) FROM cyclone_v_kinds WHERE kind = 'backlog'"
         )).fetchone())[0]
         assert 0 < last['cyclone_oldest_available_age_seconds{kind="backlog"}'] <= float(oldest)
+
+        # The series of issue 12: workers per kind, kinds without workers, execution and
+        # queue-wait histograms per kind, runs ended per workflow and state.
+        assert last['cyclone_kind_workers{kind="ok"}'] == 1
+        assert last['cyclone_kind_workers{kind="backlog"}'] == 0
+        assert last["cyclone_kinds_without_workers"] == 1  # backlog: available, and nobody runs it
+        assert last['cyclone_step_duration_seconds_count{kind="ok"}'] == N_OK
+        assert last['cyclone_step_duration_seconds_count{kind="flaky"}'] == 2 * M_FLAKY
+        assert last['cyclone_queue_wait_seconds_count{kind="ok"}'] == N_OK
+        assert last["process_resident_memory_bytes"] > 0
+        ended = {state: n for state, n in (await (await conn.execute(
+            "SELECT state, count(*) FROM cyclone_runs WHERE state IN ('completed', 'failed') GROUP BY 1")
+        ).fetchall())}
+
+        async def runs_ended_counted() -> bool:  # runs count once they ended 5 s ago (RUNS_ENDED_LAG)
+            nonlocal last
+            last = await scrape(port)
+            by_state: dict[str, float] = {}
+            for k, v in last.items():
+                if k.startswith("cyclone_runs_ended_total{"):
+                    state = k.split('state="')[1].split('"')[0]
+                    by_state[state] = by_state.get(state, 0) + v
+            # ... and free slots as of a heartbeat after the workload: "slow" holds one of 4.
+            return by_state == ended and last['cyclone_kind_free_slots{kind="slow"}'] == 3
+
+        await until(runs_ended_counted, "runs ended to be counted by workflow and state")
         release.set()

@@ -81,6 +81,7 @@ def test_every_rpc_of_the_contract_has_an_explicit_role() -> None:
     ("/cyclone.v1.Runs/RetryAll", {"admin"}),
     ("/cyclone.v1.Runs/PurgeTerminalRuns", {"admin"}),
     ("/cyclone.v1.Admin/GetStats", {"admin"}),
+    ("/cyclone.v1.Admin/ListWorkers", {"admin"}),
     ("/cyclone.v1.Runs/SomeFutureRpc", {"admin"}),  # fails closed
     ("/grpc.health.v1.Health/Check", set()),
     ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", set()),

@@ -37,7 +37,7 @@ SERVICES = {
         "PurgeTerminalRuns",
     },
     "Workers": {"Connect"},
-    "Admin": {"GetStats"},
+    "Admin": {"GetStats", "ListWorkers"},
 }
 
 

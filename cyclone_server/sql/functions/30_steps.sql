@@ -108,28 +108,33 @@ END $$;
 -- lease). Permanent, or the last attempt: discarded (permanent | max_attempts | timeout),
 -- attempt unchanged, then fail-fast. Otherwise attempt + 1 and back to available after the
 -- backoff (to paused in a paused run: available and then paused, in this transaction).
+-- p_details (Failed.details, e.g. a traceback) goes in the attempt's error entry when given.
+DROP FUNCTION IF EXISTS cyclone__step_failed(uuid, uuid, text, boolean, interval, text);
 CREATE OR REPLACE FUNCTION cyclone__step_failed(p_run_id uuid, p_step_id uuid, p_message text,
                                                 p_permanent boolean, p_retry_delay interval,
-                                                p_error_kind text)
+                                                p_error_kind text, p_details text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     s cyclone_steps;
     run_state text;
 BEGIN
     SELECT * INTO s FROM cyclone_steps WHERE id = p_step_id;
-    IF p_permanent THEN
-        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', NULL, p_message);
-        RETURN 'discarded';
-    ELSIF s.attempt >= s.max_attempts THEN
+    IF p_permanent OR s.attempt >= s.max_attempts THEN
         PERFORM cyclone__step_discard(p_run_id, p_step_id,
-            CASE WHEN p_error_kind = 'timeout' THEN 'timeout' ELSE 'max_attempts' END, NULL, p_message);
+            CASE WHEN p_permanent THEN 'permanent' WHEN p_error_kind = 'timeout' THEN 'timeout'
+                 ELSE 'max_attempts' END, NULL, p_message);
+        IF p_details IS NOT NULL THEN  -- the entry the discard just appended
+            UPDATE cyclone_steps SET errors = jsonb_set(errors, '{-1,details}', to_jsonb(p_details))
+             WHERE id = p_step_id;
+        END IF;
         RETURN 'discarded';
     END IF;
     SELECT state INTO run_state FROM cyclone_runs WHERE id = p_run_id;
     UPDATE cyclone_steps
        SET state = CASE WHEN run_state = 'paused' THEN 'paused' ELSE 'available' END,
-           errors = errors || jsonb_build_object('attempt', attempt, 'error_kind', p_error_kind,
-                                                 'message', p_message, 'at', now()),
+           errors = errors || jsonb_strip_nulls(jsonb_build_object('attempt', attempt, 'error_kind', p_error_kind,
+                                                                   'message', p_message, 'at', now(),
+                                                                   'details', p_details)),
            -- The backoff of the attempt that just failed: the first retry waits backoff_initial.
            scheduled_at = now() + COALESCE(p_retry_delay,
                                            cyclone__backoff(backoff_initial, backoff_max, attempt)),
@@ -167,9 +172,10 @@ BEGIN
     RETURN 'snoozed';
 END $$;
 
+DROP FUNCTION IF EXISTS cyclone__step_fail(uuid, uuid, bigint, text, boolean, interval);
 CREATE OR REPLACE FUNCTION cyclone__step_fail(p_run_id uuid, p_step_id uuid, p_generation bigint,
                                               p_message text, p_permanent boolean,
-                                              p_retry_delay interval)
+                                              p_retry_delay interval, p_details text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM cyclone_steps
@@ -178,7 +184,7 @@ BEGIN
         RETURN cyclone__refusal(p_step_id, p_generation);
     END IF;
     RETURN cyclone__step_failed(p_run_id, p_step_id, COALESCE(p_message, ''), COALESCE(p_permanent, false),
-                                p_retry_delay, 'error');
+                                p_retry_delay, 'error', p_details);
 END $$;
 
 -- Public, one result each, for a worker's own transaction (CompletionTx) and for tests.
@@ -195,9 +201,11 @@ BEGIN
     RETURN cyclone__step_complete(r.id, p_step_id, p_generation, p_output, p_max_output_bytes);
 END $$;
 
+DROP FUNCTION IF EXISTS cyclone_step_fail(uuid, bigint, text, boolean, interval);
 CREATE OR REPLACE FUNCTION cyclone_step_fail(p_step_id uuid, p_generation bigint, p_message text,
                                              p_permanent boolean DEFAULT false,
-                                             p_retry_delay interval DEFAULT NULL)
+                                             p_retry_delay interval DEFAULT NULL,
+                                             p_details text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r cyclone_runs := cyclone__lock_run_of_step(p_step_id);
@@ -205,7 +213,7 @@ BEGIN
     IF r.id IS NULL THEN
         RETURN 'unknown';
     END IF;
-    RETURN cyclone__step_fail(r.id, p_step_id, p_generation, p_message, p_permanent, p_retry_delay);
+    RETURN cyclone__step_fail(r.id, p_step_id, p_generation, p_message, p_permanent, p_retry_delay, p_details);
 END $$;
 
 CREATE OR REPLACE FUNCTION cyclone_step_snooze(p_step_id uuid, p_generation bigint, p_delay interval)
@@ -221,7 +229,7 @@ END $$;
 
 -- Many results in one transaction (group commit). p_results is a JSON array of
 -- {"step_id", "generation", "outcome": "completed"|"failed"|"snoozed", "output",
---  "output_bytes" (compact JSON size), "message", "permanent", "retry_delay_ms", "delay_ms"}.
+--  "output_bytes" (compact JSON size), "message", "permanent", "retry_delay_ms", "details", "delay_ms"}.
 -- One row per element, `idx` its 1-based position: two answers to one lease each get their
 -- own status (the first applied, the later ones 'ended').
 --
@@ -314,7 +322,8 @@ BEGIN
                 WHEN 'failed' THEN
                     cyclone__step_fail(x.run_id, x.sid, x.gen, x.e ->> 'message',
                                        COALESCE((x.e ->> 'permanent')::boolean, false),
-                                       make_interval(secs => (x.e ->> 'retry_delay_ms')::float8 / 1000))
+                                       make_interval(secs => (x.e ->> 'retry_delay_ms')::float8 / 1000),
+                                       x.e ->> 'details')
                 WHEN 'snoozed' THEN
                     cyclone__step_snooze(x.run_id, x.sid, x.gen,
                                          make_interval(secs => COALESCE((x.e ->> 'delay_ms')::float8, 0) / 1000))

@@ -6,6 +6,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 
 	"cyclone.example/pb"
 )
@@ -76,7 +77,7 @@ func (w *Worker) startLease(l *pb.Lease) {
 func (w *Worker) call(ctx context.Context, lease *Lease) (out interface{}, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panicked: %v", p)
+			err = panicError{value: p, stack: debug.Stack()}
 		}
 	}()
 	handler, ok := w.opts.Handlers[lease.Kind]

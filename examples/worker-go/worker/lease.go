@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -78,6 +79,29 @@ func (e retryError) Unwrap() error { return e.err }
 // RetryAfter fails this attempt and asks for the retry after d instead of the node's
 // backoff (Failed.retry_delay).
 func RetryAfter(err error, d time.Duration) error { return retryError{err, d} }
+
+// panicError is a handler's panic, with the stack of the goroutine that panicked.
+type panicError struct {
+	value interface{}
+	stack []byte
+}
+
+func (e panicError) Error() string { return fmt.Sprintf("handler panicked: %v", e.value) }
+
+// details is Failed.details for a handler's error: Go errors carry no stack, so it is the
+// chain of wrapped errors (type: message, outermost first), and for a panic the stack of
+// the goroutine that panicked. The server keeps it per attempt, cut at 16 KiB.
+func details(err error) string {
+	var p panicError
+	if errors.As(err, &p) {
+		return p.Error() + "\n\n" + string(p.stack)
+	}
+	var b strings.Builder
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		fmt.Fprintf(&b, "%T: %s\n", e, e.Error())
+	}
+	return b.String()
+}
 
 type snoozeError struct{ delay time.Duration }
 
@@ -186,11 +210,12 @@ func resultFor(l *Lease, out interface{}, err error, maxPayload int64) *pb.StepR
 	case errors.As(err, &snooze):
 		r.Outcome = &pb.StepResult_Snoozed{Snoozed: &pb.Snoozed{Delay: durationpb.New(snooze.delay)}}
 	case errors.As(err, &permanent):
-		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), Permanent: true}}
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), Permanent: true, Details: details(err)}}
 	case errors.As(err, &retry):
-		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), RetryDelay: durationpb.New(retry.delay)}}
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), RetryDelay: durationpb.New(retry.delay),
+			Details: details(err)}}
 	default:
-		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error()}}
+		r.Outcome = &pb.StepResult_Failed{Failed: &pb.Failed{Message: err.Error(), Details: details(err)}}
 	}
 	return r
 }

@@ -30,6 +30,10 @@ export function derive(lease: Lease, worker: string): Json {
   return { lang: LANG, worker, node: lease.node, attempt: lease.attempt, value: base + 1, from };
 }
 
+function explode(node: string): never {
+  throw new TypeError(`demo explosion in ${node}`);
+}
+
 function behaviour(spec: string, markerDir: string, worker: string): Handler {
   const [name, arg] = spec.split(':', 2);
   switch (name) {
@@ -46,6 +50,9 @@ function behaviour(spec: string, markerDir: string, worker: string): Handler {
       return (lease) => {
         throw new Permanent(`planned permanent failure of ${lease.node}`);
       };
+    case 'panic':
+      // A plain Error thrown two calls deep: its stack goes to the server as Failed.details.
+      return (lease) => explode(lease.node);
     case 'snooze': {
       // Lease carries no snooze count, so this process remembers which steps it snoozed.
       const snoozed = new Set<string>();
@@ -102,7 +109,7 @@ function behaviour(spec: string, markerDir: string, worker: string): Handler {
         return new Promise(() => undefined);
       };
     default:
-      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang`);
+      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, panic, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang`);
   }
 }
 

@@ -79,10 +79,14 @@ export class Stopped extends Error {
   }
 }
 
-/** The StepResult outcome for what a handler threw. */
+/** The StepResult outcome for what a handler threw. A failure carries the error's stack in
+ * Failed.details (the server keeps it in the step's error history, cut at 16 KiB). */
 export function outcomeOf(err: unknown): Pick<StepResult, 'failed' | 'snoozed'> {
   if (err instanceof Snooze) return { snoozed: { delay: toDuration(err.delayMs) } };
-  if (err instanceof Permanent) return { failed: { message: err.message, permanent: true } };
-  if (err instanceof Retry) return { failed: { message: err.message, retry_delay: toDuration(err.delayMs) } };
-  return { failed: { message: err instanceof Error ? err.message : String(err) } };
+  const details = err instanceof Error ? err.stack ?? '' : '';
+  if (err instanceof Permanent) return { failed: { message: err.message, permanent: true, details } };
+  if (err instanceof Retry) {
+    return { failed: { message: err.message, retry_delay: toDuration(err.delayMs), details } };
+  }
+  return { failed: { message: err instanceof Error ? err.message : String(err), details } };
 }

@@ -54,6 +54,10 @@ func derive(l *worker.Lease, workerID string) interface{} {
 	}
 }
 
+func explode(node string) {
+	panic("demo explosion in " + node)
+}
+
 func behaviour(spec, markerDir, workerID string) (worker.Handler, error) {
 	name, arg := spec, ""
 	if i := strings.IndexByte(spec, ':'); i >= 0 {
@@ -79,6 +83,12 @@ func behaviour(spec, markerDir, workerID string) (worker.Handler, error) {
 	case "permanent":
 		return func(_ context.Context, l *worker.Lease) (interface{}, error) {
 			return nil, worker.Permanent(fmt.Errorf("planned permanent failure of %s", l.Node))
+		}, nil
+	case "panic":
+		// A panic two calls deep: the worker sends its goroutine's stack as Failed.details.
+		return func(_ context.Context, l *worker.Lease) (interface{}, error) {
+			explode(l.Node)
+			return nil, nil
 		}, nil
 	case "snooze":
 		seconds, err := strconv.ParseFloat(arg, 64)
@@ -148,7 +158,7 @@ func behaviour(spec, markerDir, workerID string) (worker.Handler, error) {
 			select {} // until the process is killed
 		}, nil
 	}
-	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang")
+	return nil, errors.New("unknown behaviour " + strconv.Quote(spec) + ": succeed, fail:N, permanent, panic, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang")
 }
 
 func main() {
