@@ -57,7 +57,7 @@ if ! stale "$go_dir/bin/demo-worker" "$go_dir/worker" "$go_dir/cmd" proto/cyclon
     say "up to date: $node_dir/dist/demo.js, $go_dir/bin/demo-worker"
     exit 0
 fi
-export PROTOC="$venv/bin/python -m grpc_tools.protoc"   # from grpcio-tools, a dev dependency
+export PROTOC="$PWD/$venv/bin/python -m grpc_tools.protoc"   # from grpcio-tools, a dev dependency
 # The Go module proxy first; Debian's packages (GOPATH mode) when it does not answer.
 proxy=$(go env GOPROXY | cut -d, -f1)
 if [ "$proxy" != off ] && "$venv/bin/python" -c "import sys, urllib.request as r
