@@ -30,7 +30,7 @@ from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, t
 from .auth import SecurityConfigError, open_channel
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-EXIT_OK, EXIT_RPC, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 3, 4, 5
+EXIT_OK, EXIT_RPC, EXIT_USAGE, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 2, 3, 4, 5
 RUN_STATES = ["running", "paused", "completed", "failed", "cancelled"]
 STEP_HEADER = ["NODE", "KIND", "TYPE", "STATE", "ATTEMPT", "RECLAIMS", "INFO"]
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -52,6 +52,16 @@ def duration(text: str) -> float:
     if not text.strip() or "".join(n + u for n, u in parts) != text.strip():
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 5m, 2h or 7d")
     return sum(float(n) * _UNITS[u or "s"] for n, u in parts)
+
+
+def age(text: str) -> float:
+    """'30d', '12h', '45m', '90s', '1h30m' -> seconds; a bare number is an error (30 what?)."""
+    value = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write {value}d, {value}h, {value}m or {value}s")
+    if not re.fullmatch(r"(?:\d+(?:\.\d+)?(?:d|h|m|s))+", value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30d, 12h, 45m or 90s")
+    return duration(value)
 
 
 def _json_arg(text: str) -> Any:
@@ -218,14 +228,36 @@ async def cmd_runs_signal(c: Client, a: argparse.Namespace) -> int:
 
 
 async def cmd_runs_purge(c: Client, a: argparse.Namespace) -> int:
+    older_than = _pb_duration(a.older_than)
+    unit = next(u for u in ("d", "h", "m", "s") if u == "s" or a.older_than and a.older_than % _UNITS[u] == 0)
+    what = f"terminal runs that ended more than {a.older_than / _UNITS[unit]:g}{unit} ago"
+    if a.dry_run or not a.yes:
+        resp = await c.runs.PurgeTerminalRuns(runs_pb2.PurgeTerminalRunsRequest(
+            older_than=older_than, dry_run=True), timeout=c.timeout)
+        eligible = resp.eligible
+        batch = "" if a.all or eligible <= a.limit else f" (this call deletes {a.limit}; --all for every one)"
+        if a.dry_run:
+            print(json.dumps({"eligible": eligible}) if a.json else f"would delete {eligible} {what}{batch}")
+            return EXIT_OK
+        if eligible == 0:
+            print(json.dumps({"deleted": 0}) if a.json else f"deleted 0 {what}")
+            return EXIT_OK
+        if not sys.stdin.isatty():
+            print(f"cyclone: {eligible} {what} would be deleted; confirm with --yes (stdin is not a terminal "
+                  "to ask on)", file=sys.stderr)
+            return EXIT_USAGE
+        answer = await asyncio.to_thread(input, f"Delete {eligible} {what}{batch}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted", file=sys.stderr)
+            return EXIT_USAGE
     total = 0
     while True:  # bounded batches: each call is one short statement
         resp = await c.runs.PurgeTerminalRuns(runs_pb2.PurgeTerminalRunsRequest(
-            older_than=_pb_duration(a.older_than), limit=a.limit), timeout=c.timeout)
+            older_than=older_than, limit=a.limit), timeout=c.timeout)
         total += resp.deleted
         if not a.all or resp.deleted < a.limit:
             break
-    print(json.dumps({"deleted": total}) if a.json else f"deleted {total} terminal runs")
+    print(json.dumps({"deleted": total}) if a.json else f"deleted {total} {what}")
     return EXIT_OK
 
 
@@ -328,10 +360,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--deadline-in", type=duration)
     p = leaf(runs, "signal", cmd_runs_signal, "send a signal to a run's mailbox", "run_id", "name")
     p.add_argument("--payload", type=_json_arg, default=None, help="JSON payload (default null)")
-    p = leaf(runs, "purge", cmd_runs_purge, "delete terminal runs that ended long enough ago")
-    p.add_argument("--older-than", type=duration, required=True, help="e.g. 30d; runs' own retention wins")
-    p.add_argument("--limit", type=int, default=1000, help="runs deleted per call")
-    p.add_argument("--all", action="store_true", help="repeat until nothing eligible is left")
+    p = leaf(runs, "purge", cmd_runs_purge, "delete terminal runs that ended long enough ago (asks first)")
+    p.add_argument("--older-than", type=age, required=True, metavar="AGE",
+                   help="with a unit: 30d, 12h, 45m, 90s (a bare number is refused); a run's own retention wins")
+    p.add_argument("--limit", type=int, default=1000, help="runs deleted per call (default 1000)")
+    p.add_argument("--all", action="store_true", help="repeat until nothing eligible is left (default: one call)")
+    p.add_argument("--dry-run", action="store_true", help="only count the runs that would be deleted")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed when stdin "
+                   "is not a terminal)")
 
     wf = subparsers.add_parser("workflows", help="read workflow definitions").add_subparsers(
         dest="workflows_command", required=True, metavar="COMMAND")
