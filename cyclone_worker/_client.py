@@ -18,7 +18,7 @@ from ._errors import CycloneClientError, RunCancelled, RunFailed
 from ._models import KindStats, Run, WorkflowInfo
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
-from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
+from .values import Seconds, seconds_of, to_duration, to_timestamp, to_value
 from ._workflow import Workflow
 
 __all__ = ["Client"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import Fenced, Permanent
 from cyclone_proto import workers_pb2
-from ._values import from_struct, from_timestamp, from_value
+from .values import from_struct, from_timestamp, from_value
 
 if TYPE_CHECKING:
     import psycopg

@@ -20,7 +20,7 @@ from ._context import Context
 from ._errors import Permanent, outcome_of
 from ._models import enum_name
 from cyclone_proto import workers_pb2
-from ._values import to_duration, to_value
+from .values import to_duration, to_value
 
 if TYPE_CHECKING:
     from ._session import Session

@@ -16,7 +16,7 @@ import grpc
 
 from ._errors import CycloneClientError
 from cyclone_proto import workers_pb2
-from ._values import from_duration
+from .values import from_duration
 
 if TYPE_CHECKING:
     from ._leases import LeaseTable
