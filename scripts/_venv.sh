@@ -34,6 +34,8 @@ have=$(cat "$stamp" 2>/dev/null || true)
 if [ "${have%% *}" != "$want" ] || ! printf ',%s,' "${have#* }" | grep -q ",$extras,"; then
     [ "${have%% *}" = "$want" ] && extras="${have#* },$extras"
     echo "$0: installing the project with its extras [$extras] into $venv (pip install -e '.[$extras]')" >&2
+    # Before its rename to cyclone-workflows the project was installed as `cyclone`.
+    "$venv/bin/python" -m pip uninstall --quiet --yes cyclone >/dev/null 2>&1 || true
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
     echo "$want $extras" >"$stamp"
 fi
