@@ -81,11 +81,8 @@ class Settings:
 
 
 def split_listen(listen: str) -> tuple[str, int]:
-    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen: {listen!r} is not HOST:PORT")
-    return host, int(port)
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed (listen.split_host_port)."""
+    return split_host_port(listen, what="--listen")
 
 
 class CycloneServer:

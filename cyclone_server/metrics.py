@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
+from .listen import bare_host, split_host_port
+
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -315,10 +317,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT' (IPv6 as [::1]:PORT) -> (host, port); ValueError naming the value."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"listen address {value!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    # ':PORT' (no host) listens on every interface.
+    host, port = split_host_port("0.0.0.0" + value if value.startswith(":") else value, what="listen address")
+    return bare_host(host), port
 
 
 __all__ = ["Metrics", "MetricsServer", "serve_metrics", "add_arguments", "parse_listen", "Counter", "Gauge",
