@@ -262,7 +262,8 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
         if pg is not None:
             log.info("stopping embedded Postgres")
             pg.stop()
-        devguard.release(data_dir)
+        if pg is not None or not devguard.postgres_running(data_dir):
+            devguard.release(data_dir)  # else (stopped while Postgres started) the guard stops it
         assert guard.stdin is not None
         guard.stdin.close()
         guard.wait()

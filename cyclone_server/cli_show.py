@@ -43,7 +43,7 @@ def console(file: Any = None) -> Console:
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
     """Columns separated by two spaces, a bold header, "-" for an empty cell."""
-    t = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    t = Table(box=None, pad_edge=False, show_edge=False, padding=(0, 1), header_style="bold")
     for name in header:
         t.add_column(name, no_wrap=True, overflow="ellipsis")
     for row in rows:

@@ -71,6 +71,13 @@ def claim(data_dir: str | Path, listen: str) -> None:
     raise DataDirBusy(f"cannot claim {data_dir}: {path} keeps reappearing")
 
 
+def postgres_running(data_dir: str | Path) -> bool:
+    """Whether a Postgres server runs on `data_dir` (its postmaster.pid names a live process)."""
+    from .embedded import PostmasterInfo
+    info = PostmasterInfo.read_from_pgdata(Path(data_dir).expanduser().resolve())
+    return info is not None and info.is_running()
+
+
 def release(data_dir: str | Path) -> None:
     """Drop this process's claim (after its Postgres stopped)."""
     owner = read_claim(data_dir)

@@ -122,7 +122,7 @@ async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_
     wait_until("the first dev's Postgres and demo worker stop", first.gone)
 
 
-@pytest.mark.parametrize("how", ["SIGHUP", "SIGKILL"])
+@pytest.mark.parametrize("how", ["SIGHUP", "SIGTERM", "SIGKILL"])
 async def test_a_closed_terminal_or_a_killed_dev_leaves_nothing_running(tmp_path: Path, devs: list[Dev],
                                                                        how: str) -> None:
     dev = Dev(tmp_path / "pg", free_port(), tmp_path / "dev.log")
