@@ -23,8 +23,8 @@ case "$mode" in
         root="$here/.gomod"
         export GO111MODULE=on GOFLAGS=-mod=mod GOBIN="$here/.gomod/bin"
         mkdir -p "$GOBIN"
-        (cd "$root" 2>/dev/null || { mkdir -p "$root" && cd "$root" && go mod init cyclone.example >/dev/null 2>&1; }
-         cd "$root" && go get google.golang.org/grpc@v1.64.1 google.golang.org/protobuf@v1.34.2 &&
+        (cd "$root" && { [ -f go.mod ] || go mod init cyclone.example; } &&
+         go get google.golang.org/grpc@v1.64.1 google.golang.org/protobuf@v1.34.2 &&
          go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.34.2 &&
          go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.4.0)
         PATH="$GOBIN:$PATH"
