@@ -209,15 +209,19 @@ class SignalResponse(_message.Message):
     def __init__(self, signal_id: _Optional[str] = ..., consumed_by_step_id: _Optional[str] = ...) -> None: ...
 
 class PurgeTerminalRunsRequest(_message.Message):
-    __slots__ = ("older_than", "limit")
+    __slots__ = ("older_than", "limit", "dry_run")
     OLDER_THAN_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     older_than: _duration_pb2.Duration
     limit: int
-    def __init__(self, older_than: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, older_than: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., limit: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class PurgeTerminalRunsResponse(_message.Message):
-    __slots__ = ("deleted",)
+    __slots__ = ("deleted", "eligible")
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_FIELD_NUMBER: _ClassVar[int]
     deleted: int
-    def __init__(self, deleted: _Optional[int] = ...) -> None: ...
+    eligible: int
+    def __init__(self, deleted: _Optional[int] = ..., eligible: _Optional[int] = ...) -> None: ...

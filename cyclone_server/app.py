@@ -26,6 +26,7 @@ from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
 from .handlers import CallGate, Registrar
+from .listen import busy_message, port_in_use, split_host_port
 from .servicers import AdminServicer, WorkflowsServicer
 from .servicers_runs import RunsServicer
 from . import tracing
@@ -84,11 +85,8 @@ class Settings:
 
 
 def split_listen(listen: str) -> tuple[str, int]:
-    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen: {listen!r} is not HOST:PORT")
-    return host, int(port)
+    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed (listen.split_host_port)."""
+    return split_host_port(listen, what="--listen")
 
 
 class CycloneServer:
@@ -124,12 +122,16 @@ class CycloneServer:
         await self.notifier.start()
         self._started.append("notifier")
         self.server = self._grpc_server()
-        if s.credentials is not None:
-            port = self.server.add_secure_port(s.listen, s.credentials)
-        else:
-            port = self.server.add_insecure_port(s.listen)
+        try:
+            if s.credentials is not None:
+                port = self.server.add_secure_port(s.listen, s.credentials)
+            else:
+                port = self.server.add_insecure_port(s.listen)
+        except RuntimeError:  # grpcio raises when the bind fails
+            port = 0
         if port == 0:
-            raise OSError(f"cannot bind address {s.listen}")
+            in_use = port_in_use(*split_host_port(s.listen)) and not s.reuse_port
+            raise OSError(busy_message(s.listen) if in_use else f"cannot bind address {s.listen}")
         self.address = f"{host}:{port}"
         await self.server.start()
         self._started.append("server")

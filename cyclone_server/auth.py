@@ -30,6 +30,8 @@ from typing import Any
 
 import grpc
 
+from .listen import split_host_port
+
 ROLES = frozenset({"worker", "submit", "admin"})
 WORKER = frozenset({"worker"})
 SUBMIT = frozenset({"submit", "admin"})
@@ -251,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _listen_host(listen: str | None) -> str | None:
     if not listen:
         return None
-    return listen.rpartition(":")[0] if ":" in listen else listen
+    return split_host_port(listen, default_port=0, what="--listen")[0]
 
 
 def server_security(args: argparse.Namespace) -> tuple[list[grpc.aio.ServerInterceptor], grpc.ServerCredentials | None]:

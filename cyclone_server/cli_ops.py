@@ -13,27 +13,35 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timezone
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, json_format, struct_pb2
+from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
-from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
-                                   workflows_pb2_grpc)
+from rich.console import Group
+from rich.live import Live
 
-from . import cli_workers
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
+                           workflows_pb2_grpc)
+
+from cyclone_worker.values import to_value
+
+from . import cli_start, cli_workers
 from .auth import SecurityConfigError, open_channel
+from .cli_show import (age, as_json, console, live_view, payload, print_lines, run_duration, run_state, run_view,
+                       step_change_time, step_info, step_state, table, ts, workflow_view)
+from .listen import DEFAULT_PORT, split_host_port
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
-EXIT_OK, EXIT_RPC, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 3, 4, 5
+EXIT_OK, EXIT_RPC, EXIT_USAGE, EXIT_FAILED, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 2, 3, 4, 5
 RUN_STATES = ["running", "paused", "completed", "failed", "cancelled"]
-STEP_HEADER = ["NODE", "KIND", "TYPE", "STATE", "ATTEMPT", "RECLAIMS", "INFO"]
+POSITIONAL_HELP = {"run_id": "the run's id", "node": "the node's id in the workflow",
+                   "workflow": "the name of a registered workflow", "kind": "the job's step kind (what workers serve)",
+                   "file": "the definition: a JSON or YAML file, - for stdin", "name": "the workflow's name"}
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -55,6 +63,16 @@ def duration(text: str) -> float:
     return sum(float(n) * _UNITS[u or "s"] for n, u in parts)
 
 
+def age_arg(text: str) -> float:
+    """'30d', '12h', '45m', '90s', '1h30m' -> seconds; a bare number is an error (30 what?)."""
+    value = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write {value}d, {value}h, {value}m or {value}s")
+    if not re.fullmatch(r"(?:\d+(?:\.\d+)?(?:d|h|m|s))+", value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age like 30d, 12h, 45m or 90s")
+    return duration(value)
+
+
 def _json_arg(text: str) -> Any:
     try:
         return json.loads(text)
@@ -66,81 +84,13 @@ def _pb_duration(seconds: float) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=int(seconds), nanos=int(round(seconds % 1 * 1e9)))
 
 
-def _state(enum: Any, value: int, prefix: str) -> str:
-    return enum.Name(value)[len(prefix):].lower() if value in enum.values() else str(value)
-
-
-def run_state(run: types_pb2.Run) -> str:
-    return _state(types_pb2.RunState, run.state, "RUN_STATE_")
-
-
-def step_state(step: types_pb2.Step) -> str:
-    return _state(types_pb2.StepState, step.state, "STEP_STATE_")
-
-
-def _ts(msg: Message, field: str) -> str:
-    ts = getattr(msg, field)
-    return ts.ToDatetime(tzinfo=timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if msg.HasField(field) else "-"
-
-
-def _age(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds), 60)
-    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    cells = [list(header)] + [["-" if c in ("", None) else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
-
-
-def as_json(msg: Message | list[Message]) -> str:
-    one = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)  # noqa: E731
-    return json.dumps([one(m) for m in msg] if isinstance(msg, list) else one(msg), indent=2, ensure_ascii=False)
-
-
-def show(a: argparse.Namespace, msg: Message | list[Message], lines: Sequence[str]) -> int:
-    """Print `msg` as JSON with --json, else the human `lines`."""
-    print(as_json(msg) if a.json else "\n".join(lines))
+def show(a: argparse.Namespace, msg: Message | list[Message], *items: Any) -> int:
+    """Print `msg` as JSON with --json, else the human `items` (lines or rich renderables)."""
+    if a.json:
+        print(as_json(msg))
+    else:
+        print_lines(console(), *items)
     return EXIT_OK
-
-
-def _step_info(s: types_pb2.Step) -> str:
-    state = step_state(s)
-    if state == "discarded":
-        last = s.errors[-1].message if s.errors else ""
-        return f"{s.error_kind}" + (f" ({s.reason})" if s.reason else "") + (f": {last[:60]}" if last else "")
-    return {"cancelled": f"cause: {s.cancel_cause}", "running": f"worker {s.lease_owner}",
-            "completed": f"by {s.lease_owner}" if s.lease_owner else ""}.get(
-        state, f"child run {s.child_run_id}" if s.child_run_id else "")
-
-
-def step_rows(run: types_pb2.Run) -> list[list[Any]]:
-    return [[s.node, s.kind, _state(types_pb2.NodeType, s.type, "NODE_TYPE_"), step_state(s),
-             f"{s.attempt}/{s.max_attempts}" if s.type == types_pb2.NODE_TYPE_TASK else "", s.reclaims or "",
-             _step_info(s)] for s in run.steps]
-
-
-def run_lines(run: types_pb2.Run) -> list[str]:
-    what = f"{run.workflow} v{run.workflow_version}" if run.workflow else "standalone job"
-    lines = [f"run       {run.id}  ({what})", f"state     {run_state(run)}",
-             f"created   {_ts(run, 'created_at')}   finished {_ts(run, 'finished_at')}"]
-    if run.HasField("deadline"):
-        lines.append(f"deadline  {_ts(run, 'deadline')}")
-    if run.parent_run_id:
-        lines.append(f"parent    {run.parent_run_id}")
-    if run.HasField("result"):
-        lines.append(f"result    {json.dumps(json_format.MessageToDict(run.result), ensure_ascii=False)[:200]}")
-    return lines + [""] + table(STEP_HEADER, step_rows(run))
-
-
-def progress(run: types_pb2.Run, width: int = 20) -> str:
-    done = sum(step_state(s) in ("completed", "discarded", "cancelled") for s in run.steps)
-    n = max(len(run.steps), 1)
-    bar = "#" * (width * done // n) + "-" * (width - width * done // n)
-    return f"[{bar}] {done}/{len(run.steps)} steps ended · run {run_state(run)}"
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -157,54 +107,65 @@ async def cmd_runs_list(c: Client, a: argparse.Namespace) -> int:
         req.page_token = resp.next_page_token
     if resp.next_page_token and not a.all and not a.json:
         print(f"(more: --page-token {resp.next_page_token}, or --all)", file=sys.stderr)
-    return show(a, runs, table(["RUN ID", "WORKFLOW", "STATE", "CREATED (UTC)", "FINISHED (UTC)"], [
-        [r.id, r.workflow or "(job)", run_state(r), _ts(r, "created_at"), _ts(r, "finished_at")] for r in runs]))
+    return show(a, runs, table(["RUN ID", "WORKFLOW", "STATE", "CREATED (UTC)", "FINISHED (UTC)", "DURATION"], [
+        [r.id, r.workflow or "(job)", run_state(r), ts(r, "created_at"), ts(r, "finished_at"), run_duration(r)]
+        for r in runs]))
 
 
 async def cmd_runs_get(c: Client, a: argparse.Namespace) -> int:
     run = await c.runs.GetRun(runs_pb2.GetRunRequest(run_id=a.run_id), timeout=c.timeout)
     stuck = [cli_workers.no_worker_line(k) for k in await cli_workers.stuck_kinds(c, run)]
-    return show(a, run, run_lines(run) + cli_workers.error_lines(run) + ([""] + stuck if stuck else []))
+    return show(a, run, run_view(run), *cli_workers.details_lines(run), *([""] + stuck if stuck else []))
 
 
 async def cmd_runs_wait(c: Client, a: argparse.Namespace) -> int:
-    live, started = sys.stdout.isatty() and not a.json, time.monotonic()
-    drawn, seen = 0, {}
-    width = shutil.get_terminal_size().columns
-    stuck, stuck_at = [], -1e9  # kinds no connected worker runs, looked up every 5 s
-    while True:
-        run = await c.runs.GetRun(runs_pb2.GetRunRequest(run_id=a.run_id), timeout=c.timeout)
-        now = {s.node: (step_state(s), s.attempt) for s in run.steps}
-        if time.monotonic() - stuck_at >= 5:
-            before, stuck, stuck_at = stuck, await cli_workers.stuck_kinds(c, run), time.monotonic()
-            if not live and not a.json:
-                for kind in sorted(set(stuck) - set(before)):
-                    print(f"cyclone: {cli_workers.no_worker_line(kind)}", file=sys.stderr, flush=True)
-            elif stuck != before:
-                seen = {}  # redraw with the warning
-        if live:
-            if now != seen or drawn == 0:
-                block = [line[:width] for line in [progress(run), *table(STEP_HEADER, step_rows(run)),
-                                                   *map(cli_workers.no_worker_line, stuck)]]
-                # Move up over the previous drawing and clear it: the table redraws in place.
-                sys.stdout.write((f"\x1b[{drawn}F\x1b[J" if drawn else "") + "\n".join(block) + "\n")
-                sys.stdout.flush()
-                drawn = len(block)
-        elif not a.json:
-            for s in run.steps:
-                if now[s.node] != seen.get(s.node):
-                    before = seen.get(s.node, ("", 0))[0]
-                    print(f"{time.strftime('%H:%M:%S')}  {s.node}  {before + ' -> ' if before else ''}"
-                          f"{step_state(s)}  attempt {s.attempt}  {_step_info(s)}".rstrip(), flush=True)
-        seen = now
-        state = run_state(run)
-        if state in ("completed", "failed", "cancelled"):
-            break
-        if a.timeout is not None and time.monotonic() - started >= a.timeout:
-            print(f"run {run.id} is still {state} after {_age(a.timeout)}", file=sys.stderr)
-            return EXIT_TIMEOUT
-        await asyncio.sleep(a.interval)
-    show(a, run, [f"run {run.id} {state} after {_age(time.monotonic() - started)}"])
+    return await wait_for_run(c, a, a.run_id)
+
+
+async def wait_for_run(c: Client, a: argparse.Namespace, run_id: str) -> int:
+    """Follow a run until it ends: a live table on a terminal, one line per step change
+    otherwise (the server's time of the change first); then every attempt's error, if any.
+    A kind of a waiting step that no connected worker runs is named (looked up every 5 s)."""
+    live = sys.stdout.isatty() and not a.json
+    started, seen = time.monotonic(), {}
+    stuck: list[str] = []
+    stuck_at = -1e9
+    view = Live(console=console(), auto_refresh=False, transient=False) if live else None
+    try:
+        if view is not None:
+            view.start()
+        while True:
+            run = await c.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id), timeout=c.timeout)
+            now = {s.node: (step_state(s), s.attempt) for s in run.steps}
+            if time.monotonic() - stuck_at >= 5:
+                before, stuck, stuck_at = stuck, await cli_workers.stuck_kinds(c, run), time.monotonic()
+                if view is None and not a.json:
+                    for kind in sorted(set(stuck) - set(before)):
+                        print(f"cyclone: {cli_workers.no_worker_line(kind)}", file=sys.stderr, flush=True)
+            if view is not None:
+                view.update(Group(live_view(run), *map(cli_workers.no_worker_line, stuck)), refresh=True)
+            elif not a.json:
+                for s in run.steps:
+                    if now[s.node] != seen.get(s.node):
+                        before = seen.get(s.node, ("", 0))[0]
+                        print(f"{step_change_time(s)}  {s.node}  {before + ' -> ' if before else ''}"
+                              f"{step_state(s)}  attempt {s.attempt}  {step_info(s)}".rstrip(), flush=True)
+            seen = now
+            state = run_state(run)
+            if state in ("completed", "failed", "cancelled"):
+                break
+            if a.timeout is not None and time.monotonic() - started >= a.timeout:
+                print(f"run {run.id} is still {state} after {age(a.timeout)}", file=sys.stderr)
+                return EXIT_TIMEOUT
+            await asyncio.sleep(a.interval)
+    finally:
+        if view is not None:
+            view.stop()
+    errors = [f"  {s.node} attempt {e.attempt} at {ts(e, 'at')}: {e.error_kind}: {e.message}"
+              for s in run.steps for e in s.errors]
+    result = f"; result {payload(run.result)[:200]}" if run.HasField("result") else ""
+    show(a, run, f"run {run.id} {state} after {run_duration(run)}{result}",
+         *(["errors, every attempt:", *errors] if errors else []))
     return {"completed": EXIT_OK, "failed": EXIT_FAILED}.get(state, EXIT_CANCELLED)
 
 
@@ -212,7 +173,7 @@ def _action(rpc: str, make: Callable[[argparse.Namespace], Message], past: str) 
     async def cmd(c: Client, a: argparse.Namespace) -> int:
         resp = await getattr(c.runs, rpc)(make(a), timeout=c.timeout)
         note = "" if resp.applied else " (no change: it already was)"
-        return show(a, resp, [f"run {resp.run.id}: {past}{note}; state {run_state(resp.run)}"])
+        return show(a, resp, f"run {resp.run.id}: {past}{note}; state {run_state(resp.run)}")
     return cmd
 
 
@@ -221,40 +182,84 @@ def _deadline(a: argparse.Namespace) -> dict[str, Any]:
 
 
 async def cmd_runs_signal(c: Client, a: argparse.Namespace) -> int:
-    payload = json_format.ParseDict(a.payload, struct_pb2.Value())
-    resp = await c.runs.Signal(runs_pb2.SignalRequest(run_id=a.run_id, name=a.name, payload=payload),
+    resp = await c.runs.Signal(runs_pb2.SignalRequest(run_id=a.run_id, name=a.name,
+                                                      payload=to_value(a.payload, "--payload")),
                                timeout=c.timeout)
     where = f"consumed by step {resp.consumed_by_step_id}" if resp.consumed_by_step_id else "kept in the mailbox"
-    return show(a, resp, [f"signal {resp.signal_id}: {where}"])
+    return show(a, resp, f"signal {resp.signal_id}: {where}")
 
 
 async def cmd_runs_purge(c: Client, a: argparse.Namespace) -> int:
+    older_than = _pb_duration(a.older_than)
+    unit = next(u for u in ("d", "h", "m", "s") if u == "s" or a.older_than and a.older_than % _UNITS[u] == 0)
+    what = f"terminal runs that ended more than {a.older_than / _UNITS[unit]:g}{unit} ago"
+    if a.dry_run or not a.yes:
+        resp = await c.runs.PurgeTerminalRuns(runs_pb2.PurgeTerminalRunsRequest(
+            older_than=older_than, dry_run=True), timeout=c.timeout)
+        eligible = resp.eligible
+        batch = "" if a.all or eligible <= a.limit else f" (this call deletes {a.limit}; --all for every one)"
+        if a.dry_run:
+            print(json.dumps({"eligible": eligible}) if a.json else f"would delete {eligible} {what}{batch}")
+            return EXIT_OK
+        if eligible == 0:
+            print(json.dumps({"deleted": 0}) if a.json else f"deleted 0 {what}")
+            return EXIT_OK
+        if not sys.stdin.isatty():
+            print(f"cyclone: {eligible} {what} would be deleted; confirm with --yes (stdin is not a terminal "
+                  "to ask on)", file=sys.stderr)
+            return EXIT_USAGE
+        answer = await asyncio.to_thread(input, f"Delete {eligible} {what}{batch}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted", file=sys.stderr)
+            return EXIT_USAGE
     total = 0
     while True:  # bounded batches: each call is one short statement
         resp = await c.runs.PurgeTerminalRuns(runs_pb2.PurgeTerminalRunsRequest(
-            older_than=_pb_duration(a.older_than), limit=a.limit), timeout=c.timeout)
+            older_than=older_than, limit=a.limit), timeout=c.timeout)
         total += resp.deleted
         if not a.all or resp.deleted < a.limit:
             break
-    print(json.dumps({"deleted": total}) if a.json else f"deleted {total} terminal runs")
+    print(json.dumps({"deleted": total}) if a.json else f"deleted {total} {what}")
     return EXIT_OK
+
+
+async def cmd_workflows_register(c: Client, a: argparse.Namespace) -> int:
+    resp = await c.workflows.RegisterWorkflow(cli_start.workflow_request(a.file), timeout=c.timeout)
+    w = resp.workflow
+    note = "registered" if resp.created else "unchanged (the same definition is already registered)"
+    return show(a, resp, f"workflow {w.name} v{w.version}: {note}; {len(w.nodes)} nodes")
+
+
+async def cmd_runs_submit(c: Client, a: argparse.Namespace) -> int:
+    resp = await c.runs.SubmitRun(cli_start.submit_request(a), timeout=c.timeout)
+    return await _started(c, a, resp, f"run {resp.run_id} of {a.workflow}")
+
+
+async def cmd_jobs_enqueue(c: Client, a: argparse.Namespace) -> int:
+    resp = await c.runs.Enqueue(cli_start.enqueue_request(a), timeout=c.timeout)
+    return await _started(c, a, resp, f"job {resp.run_id} ({a.kind})")
+
+
+async def _started(c: Client, a: argparse.Namespace, resp: Message, what: str) -> int:
+    note = "started" if resp.created else "already exists (same idempotency key); not started again"  # type: ignore[attr-defined]
+    if not a.wait:
+        return show(a, resp, f"{what}: {note}")
+    if not a.json:
+        print(f"{what}: {note}", flush=True)
+    return await wait_for_run(c, a, resp.run_id)  # type: ignore[attr-defined]
 
 
 async def cmd_workflows_list(c: Client, a: argparse.Namespace) -> int:
     resp = await c.workflows.ListWorkflows(workflows_pb2.ListWorkflowsRequest(
         name_prefix=a.prefix, all_versions=a.all_versions), timeout=c.timeout)
     return show(a, list(resp.workflows), table(["NAME", "VERSION", "NODES", "REGISTERED (UTC)"], [
-        [w.name, w.version, len(w.nodes), _ts(w, "created_at")] for w in resp.workflows]))
+        [w.name, w.version, len(w.nodes), ts(w, "created_at")] for w in resp.workflows]))
 
 
 async def cmd_workflows_get(c: Client, a: argparse.Namespace) -> int:
     w = await c.workflows.GetWorkflow(workflows_pb2.GetWorkflowRequest(name=a.name, version=a.version),
                                       timeout=c.timeout)
-    rows = [[n.id, n.kind, _state(types_pb2.NodeType, n.type, "NODE_TYPE_"), ",".join(n.deps),
-             n.max_attempts if n.type == types_pb2.NODE_TYPE_TASK else "",
-             _state(types_pb2.OnDepFailure, n.on_dep_failure, "ON_DEP_FAILURE_")] for n in w.nodes]
-    return show(a, w, [f"workflow  {w.name} v{w.version}  (registered {_ts(w, 'created_at')} UTC)", "",
-                       *table(["NODE", "KIND", "TYPE", "DEPS", "MAX ATTEMPTS", "ON DEP FAILURE"], rows)])
+    return show(a, w, *workflow_view(w))
 
 
 async def cmd_stats(c: Client, a: argparse.Namespace) -> int:
@@ -264,9 +269,9 @@ async def cmd_stats(c: Client, a: argparse.Namespace) -> int:
     missing = [cli_workers.no_worker_line(k) for k in cli_workers.kinds_without_workers(resp)]
     return show(a, resp, table(["KIND", "AVAILABLE", "SCHEDULED", "RUNNING", "OLDEST AVAILABLE", "WORKERS",
                                 "FREE SLOTS"], [
-        [k.kind, k.available, k.scheduled, k.running, _age(k.oldest_available_age.ToTimedelta().total_seconds()),
+        [k.kind, k.available, k.scheduled, k.running, age(k.oldest_available_age.ToTimedelta().total_seconds()),
          "NONE" if k.no_workers else k.workers, k.free_slots]
-        for k in resp.kinds]) + ([""] + missing if missing else []))
+        for k in resp.kinds]), *([""] + missing if missing else []))
 
 
 # -- wiring --------------------------------------------------------------------------------
@@ -279,14 +284,36 @@ def _runner(cmd: Callable[[Client, argparse.Namespace], Awaitable[int]]) -> Call
 
     def run(a: argparse.Namespace) -> int:
         try:
+            host, port = split_host_port(a.address, default_port=DEFAULT_PORT, what="--address")
+            a.address = f"{host}:{port}"  # no port: the default one
             return asyncio.run(go(a))
         except (grpc.aio.AioRpcError, SecurityConfigError) as e:
             rpc_error = isinstance(e, grpc.aio.AioRpcError)
             print(f"cyclone: {e.code().name}: {e.details()}" if rpc_error else f"cyclone: {e}", file=sys.stderr)
             return EXIT_RPC
+        except (cli_start.BadInput, ValueError) as e:
+            print(f"cyclone: {e}", file=sys.stderr)
+            return EXIT_USAGE
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:
+            # The reader went away (`cyclone runs list | head`): stop quietly, as Unix tools do;
+            # stdout goes to /dev/null so that the interpreter's last flush cannot complain.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
     return run
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when it has a default worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is False or default in ([], "") or default is argparse.SUPPRESS
+                or not action.option_strings):
+            return text
+        return f"{text} (default: {default:g})" if isinstance(default, float) else f"{text} (default: {default})"
 
 
 def _common() -> argparse.ArgumentParser:
@@ -294,13 +321,17 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("connection")
     g.add_argument("--address", default=env("CYCLONE_ADDRESS", DEFAULT_ADDRESS),
-                   help=f"server HOST:PORT (env CYCLONE_ADDRESS; default {DEFAULT_ADDRESS})")
+                   help=f"server HOST:PORT, or HOST for port {DEFAULT_PORT} (env CYCLONE_ADDRESS; default "
+                        f"{DEFAULT_ADDRESS})")
     g.add_argument("--token", default=env("CYCLONE_TOKEN"), help="bearer token (env CYCLONE_TOKEN)")
     g.add_argument("--tls", action="store_true", default=env("CYCLONE_TLS", "") in ("1", "true", "yes"),
                    help="connect with TLS (implied by the file options; env CYCLONE_TLS=1)")
-    g.add_argument("--ca-file", default=env("CYCLONE_CA_FILE"), help="CA to trust instead of the system roots")
-    g.add_argument("--client-cert", default=env("CYCLONE_CLIENT_CERT"), help="client certificate for mTLS")
-    g.add_argument("--client-key", default=env("CYCLONE_CLIENT_KEY"), help="client key for mTLS")
+    g.add_argument("--ca-file", default=env("CYCLONE_CA_FILE"), help="CA to trust instead of the system roots "
+                   "(env CYCLONE_CA_FILE)")
+    g.add_argument("--client-cert", default=env("CYCLONE_CLIENT_CERT"), help="client certificate for mTLS "
+                   "(env CYCLONE_CLIENT_CERT)")
+    g.add_argument("--client-key", default=env("CYCLONE_CLIENT_KEY"), help="client key for mTLS "
+                   "(env CYCLONE_CLIENT_KEY)")
     g.add_argument("--rpc-timeout", type=duration, default=30.0, help="deadline of each call (default 30s)")
     p.add_argument("--json", action="store_true", help="print JSON (the proto JSON mapping) instead of tables")
     return p
@@ -311,23 +342,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     common = _common()
 
     def leaf(group: Any, name: str, cmd: Any, help: str, *positionals: str) -> argparse.ArgumentParser:
-        p = group.add_parser(name, parents=[common], help=help, description=help)
+        p = group.add_parser(name, parents=[common], help=help, description=help, formatter_class=HelpFormatter)
         p.set_defaults(func=_runner(cmd))
         for positional in positionals:
-            p.add_argument(positional)
+            name, _, text = positional.partition("=")
+            p.add_argument(name, help=text or POSITIONAL_HELP[name])
         return p
 
     runs = subparsers.add_parser("runs", help="list, inspect and steer runs").add_subparsers(
         dest="runs_command", required=True, metavar="COMMAND")
     p = leaf(runs, "list", cmd_runs_list, "list runs, newest first")
-    p.add_argument("--state", action="append", choices=RUN_STATES, default=[], help="repeat for several")
-    p.add_argument("--workflow", help="only runs of this workflow")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--page-token")
+    p.add_argument("--state", action="append", choices=RUN_STATES, default=[],
+                   help="only runs in this state; repeat for several (default: any)")
+    p.add_argument("--workflow", help="only runs of this workflow (default: any, and jobs)")
+    p.add_argument("--limit", type=int, default=20, help="runs per page")
+    p.add_argument("--page-token", help="the page after the one that printed this token (default: the first)")
     p.add_argument("--all", action="store_true", help="follow pages to the end")
-    leaf(runs, "get", cmd_runs_get, "a run with its steps", "run_id")
+    leaf(runs, "get", cmd_runs_get, "a run with its steps and every attempt's error", "run_id")
     p = leaf(runs, "wait", cmd_runs_wait, "follow a run's steps live until it ends", "run_id")
-    p.add_argument("--timeout", type=duration, help="give up after this long (exit 5)")
+    p.add_argument("--timeout", type=duration, help="give up after this long (exit 5); default never")
     p.add_argument("--interval", type=duration, default=0.5, help=argparse.SUPPRESS)
     for name, rpc, req, past in (("cancel", "CancelRun", runs_pb2.CancelRunRequest, "cancelled"),
                                  ("pause", "PauseRun", runs_pb2.PauseRunRequest, "paused"),
@@ -340,24 +373,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--deadline-in", type=duration, help="new run deadline from now (needed after a deadline)")
     p = leaf(runs, "retry-all", _action("RetryAll", lambda a: runs_pb2.RetryAllRequest(
         run_id=a.run_id, **_deadline(a)), "retried"), "reopen every discarded node (RetryAll)", "run_id")
-    p.add_argument("--deadline-in", type=duration)
-    p = leaf(runs, "signal", cmd_runs_signal, "send a signal to a run's mailbox", "run_id", "name")
+    p.add_argument("--deadline-in", type=duration, help="new run deadline from now (needed after a deadline)")
+    p = leaf(runs, "signal", cmd_runs_signal, "send a signal to a run's mailbox", "run_id",
+             "name=the signal's name")
     p.add_argument("--payload", type=_json_arg, default=None, help="JSON payload (default null)")
-    p = leaf(runs, "purge", cmd_runs_purge, "delete terminal runs that ended long enough ago")
-    p.add_argument("--older-than", type=duration, required=True, help="e.g. 30d; runs' own retention wins")
-    p.add_argument("--limit", type=int, default=1000, help="runs deleted per call")
-    p.add_argument("--all", action="store_true", help="repeat until nothing eligible is left")
+    p = leaf(runs, "purge", cmd_runs_purge, "delete terminal runs that ended long enough ago (asks first)")
+    p.add_argument("--older-than", type=age_arg, required=True, metavar="AGE",
+                   help="with a unit: 30d, 12h, 45m, 90s (a bare number is refused); a run's own retention wins")
+    p.add_argument("--limit", type=int, default=1000, help="runs deleted per call (default 1000)")
+    p.add_argument("--all", action="store_true", help="repeat until nothing eligible is left (default: one call)")
+    p.add_argument("--dry-run", action="store_true", help="only count the runs that would be deleted")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation (needed when stdin "
+                   "is not a terminal)")
 
-    wf = subparsers.add_parser("workflows", help="read workflow definitions").add_subparsers(
+    wf = subparsers.add_parser("workflows", help="register and read workflow definitions").add_subparsers(
         dest="workflows_command", required=True, metavar="COMMAND")
+    p = leaf(wf, "register", cmd_workflows_register, "register a workflow from a JSON or YAML file "
+             "(RegisterWorkflowRequest: name, nodes)", "file")
     p = leaf(wf, "list", cmd_workflows_list, "registered workflows (latest versions)")
-    p.add_argument("--prefix", default="")
-    p.add_argument("--all-versions", action="store_true")
+    p.add_argument("--prefix", default="", help="only names starting with this")
+    p.add_argument("--all-versions", action="store_true", help="every version, not only the latest")
     p = leaf(wf, "get", cmd_workflows_get, "one workflow definition", "name")
     p.add_argument("--version", type=int, default=0, help="default: the latest")
     leaf(subparsers, "stats", cmd_stats, "backlog per step kind (Admin/GetStats)")
     from . import cli_schedules; cli_schedules.register(subparsers, [common])  # noqa: E702  (imports cli_ops)
     cli_workers.register(subparsers, leaf)
+
+    p = leaf(runs, "submit", cmd_runs_submit, "start a run of a registered workflow", "workflow")
+    p.add_argument("--version", type=int, default=0, help="the workflow version; 0 = the latest")
+    cli_start.add_start_options(p, duration)
+    jobs = subparsers.add_parser("jobs", help="enqueue standalone jobs").add_subparsers(
+        dest="jobs_command", required=True, metavar="COMMAND")
+    p = leaf(jobs, "enqueue", cmd_jobs_enqueue, "enqueue one job: a run of a single task of this kind", "kind")
+    cli_start.add_start_options(p, duration)
+    cli_start.add_job_options(p, duration)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

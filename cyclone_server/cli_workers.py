@@ -16,6 +16,7 @@ import grpc
 from cyclone_proto import admin_pb2, types_pb2
 
 from . import cli_ops
+from .cli_show import age, ts
 
 # Steps in these states wait for a worker of their kind.
 _WAITING_FOR_WORKER = (types_pb2.STEP_STATE_AVAILABLE,)
@@ -29,8 +30,8 @@ async def cmd_workers_list(c: cli_ops.Client, a: argparse.Namespace) -> int:
     resp = await c.admin.ListWorkers(admin_pb2.ListWorkersRequest(kind=a.kind or ""), timeout=c.timeout)
     now = time.time()
     rows = [[w.worker_id, w.sdk, ",".join(w.kinds), w.slots, w.leases_held, w.server_id,
-             cli_ops._ts(w, "connected_since"),
-             cli_ops._age(max(0.0, now - w.last_heartbeat.ToDatetime().timestamp())) + " ago"
+             ts(w, "connected_since"),
+             age(max(0.0, now - w.last_heartbeat.ToDatetime().timestamp())) + " ago"
              if w.HasField("last_heartbeat") else ""] for w in resp.workers]
     return cli_ops.show(a, list(resp.workers), cli_ops.table(
         ["WORKER", "SDK", "KINDS", "SLOTS", "LEASES", "SERVER", "CONNECTED (UTC)", "HEARTBEAT"], rows))
@@ -53,21 +54,14 @@ async def stuck_kinds(c: cli_ops.Client, run: types_pb2.Run) -> list[str]:
     return sorted(waiting & set(kinds_without_workers(stats)))
 
 
-def error_lines(run: types_pb2.Run, width: int = 100) -> list[str]:
-    """Each failed step's error history, oldest first, and the details (say, the traceback)
-    of its latest failure that has some."""
+def details_lines(run: types_pb2.Run) -> list[str]:
+    """The details (say, the traceback) of each step's latest failure that has some; the
+    error of every attempt is in the run's own view (cli_show.run_view)."""
     lines: list[str] = []
     for s in run.steps:
-        if not s.errors:
-            continue
-        lines += ["", f"errors of {s.node} ({s.kind}):"]
-        for e in s.errors:
-            what = e.error_kind + (f" ({e.reason})" if e.reason else "")
-            first = e.message.splitlines()[0] if e.message else ""
-            lines.append(f"  attempt {e.attempt}  {cli_ops._ts(e, 'at')}  {what}: {first[:width]}")
         last = next((e for e in reversed(s.errors) if e.details), None)
         if last is not None:
-            lines.append(f"  details of attempt {last.attempt}:")
+            lines += ["", f"details of {s.node} attempt {last.attempt} ({last.error_kind}):"]
             lines += ["    " + line for line in last.details.rstrip("\n").splitlines()]
     return lines
 
@@ -81,4 +75,4 @@ def register(subparsers: argparse._SubParsersAction, leaf: Any) -> None:  # type
     p.add_argument("--kind", help="only workers that run this step kind")
 
 
-__all__: Sequence[str] = ["register", "stuck_kinds", "error_lines", "kinds_without_workers", "no_worker_line"]
+__all__: Sequence[str] = ["register", "stuck_kinds", "details_lines", "kinds_without_workers", "no_worker_line"]

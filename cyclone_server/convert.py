@@ -8,23 +8,18 @@ number as a double, so an integral number within 2**53 comes back as a Python in
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
 from cyclone_proto import admin_pb2, types_pb2
+from cyclone_worker import values
 
 from .errors import InvalidArgument
 
-_EXACT_INT = 2**53
-# Arrays and objects a JSON payload may nest. Protobuf decoders stop at 100 message levels
-# (upb, C++, Java): about 33 levels of JSON objects, since each is three messages (Value,
-# Struct, map entry). A payload travels inside other messages, and a run's result wraps
-# outputs in one more object per workflow level (child runs), so the limit leaves room for
-# that: whatever is accepted can be read back by every client and worker.
-MAX_JSON_DEPTH = 24
+# The payload depth limit is the shared converter's (cyclone_worker.values).
+MAX_JSON_DEPTH = values.MAX_JSON_DEPTH
 
 # -- enums ---------------------------------------------------------------------------
 
@@ -52,47 +47,22 @@ def run_state_name(value: int, field: str = "states") -> str:
 
 
 def value_to_py(value: struct_pb2.Value, field: str = "value") -> Any:
-    """google.protobuf.Value -> JSON-compatible Python.
+    """google.protobuf.Value -> JSON-compatible Python (cyclone_worker.values, strict).
 
-    NaN and infinities are INVALID_ARGUMENT, and so is nesting deeper than MAX_JSON_DEPTH.
+    NaN, infinities, U+0000 and nesting deeper than MAX_JSON_DEPTH are INVALID_ARGUMENT,
+    naming the path of the value.
     """
-    return _value_to_py(value, field, 0)
+    try:
+        return values.from_value(value, field, strict=True)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
 
 
 def struct_to_py(struct: struct_pb2.Struct, field: str = "value") -> dict[str, Any]:
-    return _struct_to_py(struct, field, 1)
-
-
-def _value_to_py(value: struct_pb2.Value, field: str, depth: int) -> Any:
-    kind = value.WhichOneof("kind")
-    if kind is None or kind == "null_value":
-        return None
-    if kind == "number_value":
-        n = value.number_value
-        if not math.isfinite(n):
-            raise InvalidArgument(f"{field}: {n} is not a JSON number")
-        return int(n) if n.is_integer() and abs(n) <= _EXACT_INT else n
-    if kind == "string_value":
-        return _storable(value.string_value, field)
-    if kind == "bool_value":
-        return value.bool_value
-    if depth >= MAX_JSON_DEPTH:
-        raise InvalidArgument(f"{field}: nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects, "
-                              "the limit of a JSON payload")
-    if kind == "struct_value":
-        return _struct_to_py(value.struct_value, field, depth + 1)
-    return [_value_to_py(v, field, depth + 1) for v in value.list_value.values]
-
-
-def _struct_to_py(struct: struct_pb2.Struct, field: str, depth: int) -> dict[str, Any]:
-    return {_storable(k, field): _value_to_py(v, field, depth) for k, v in struct.fields.items()}
-
-
-def _storable(text: str, field: str) -> str:
-    # JSONB (and Postgres text) cannot hold U+0000: refuse it here, naming the field.
-    if "\x00" in text:
-        raise InvalidArgument(f"{field}: contains the character U+0000, which cannot be stored")
-    return text
+    try:
+        return values.from_struct(struct, field, strict=True)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
 
 
 def optional_value(msg: Any, name: str) -> Any:
@@ -101,27 +71,12 @@ def optional_value(msg: Any, name: str) -> Any:
 
 
 def py_to_value(obj: Any, out: struct_pb2.Value | None = None) -> struct_pb2.Value:
-    """JSON-compatible Python -> google.protobuf.Value (filling `out` when given)."""
-    v = struct_pb2.Value() if out is None else out
-    if obj is None:
-        v.null_value = struct_pb2.NULL_VALUE
-    elif isinstance(obj, bool):
-        v.bool_value = obj
-    elif isinstance(obj, int | float):
-        v.number_value = obj
-    elif isinstance(obj, str):
-        v.string_value = obj
-    elif isinstance(obj, dict):
-        v.struct_value.Clear()
-        for key, item in obj.items():
-            py_to_value(item, v.struct_value.fields[str(key)])
-    elif isinstance(obj, list | tuple):
-        v.list_value.Clear()
-        for item in obj:
-            py_to_value(item, v.list_value.values.add())
-    else:
-        raise TypeError(f"{type(obj).__name__} is not a JSON value")
-    return v
+    """JSON-compatible Python (a stored payload) -> google.protobuf.Value (filling `out` when given)."""
+    v = values.to_value(obj, "payload", exact=False)
+    if out is None:
+        return v
+    out.CopyFrom(v)
+    return out
 
 
 # -- times ---------------------------------------------------------------------------

@@ -521,6 +521,11 @@ class Engine:
         row = await self._one("runs_purge", age=_seconds(older_than), limit=limit, sweep=sweep)
         return row["deleted"]  # type: ignore[index]
 
+    async def purge_count(self, older_than: float | timedelta) -> int:
+        """How many runs PurgeTerminalRuns with `older_than` would delete now (its dry run)."""
+        row = await self._one("runs_purge_count", age=_seconds(older_than))
+        return row["eligible"]  # type: ignore[index]
+
     # -- reads ---------------------------------------------------------------------------
     # A run read with its steps comes from one snapshot (DECISIONS 3b, "Reads are
     # snapshots"): under READ COMMITTED each statement sees its own moment, and a transition

@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from .convert import kind_without_workers
+from .listen import bare_host, split_host_port
 
 log = logging.getLogger(__name__)
 
@@ -340,10 +341,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT' (IPv6 as [::1]:PORT) -> (host, port); ValueError naming the value."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"listen address {value!r} is not HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    # ':PORT' (no host) listens on every interface.
+    host, port = split_host_port("0.0.0.0" + value if value.startswith(":") else value, what="listen address")
+    return bare_host(host), port
 
 
 __all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics", "add_arguments", "parse_listen",

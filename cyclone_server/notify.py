@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 
 import psycopg
+from tenacity import AsyncRetrying, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -97,24 +98,36 @@ class Notifier:
                 log.exception("notification callback for %s failed", channel)
 
     async def _run(self) -> None:
-        delay = self.reconnect_initial
         while True:
             try:
                 if self._conn is None or self._conn.closed:
-                    self._conn = await self._connect()
-                    self.reconnects += 1
-                    log.info("LISTEN connection re-established")
-                    for channel in CHANNELS:
-                        self._fire(channel)
-                delay = self.reconnect_initial
+                    await self._reconnect()
+                assert self._conn is not None
                 async for n in self._conn.notifies():
                     if n.channel in self._waiters:
                         self._fire(n.channel)
-                # notifies() ends only when the connection closed under it.
+                reason = "closed"  # notifies() ends only when the connection closed under it
             except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", e, delay)
+                reason = str(e)
+            log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", reason, self.reconnect_initial)
             if self._conn is not None:
                 await self._conn.close()
                 self._conn = None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.reconnect_max)
+            await asyncio.sleep(self.reconnect_initial)
+
+    async def _reconnect(self) -> None:
+        """Connect again, retrying with exponential backoff (reconnect_initial doubling up to
+        reconnect_max) for as long as it takes; then wake everyone (notifications sent while
+        the connection was down are lost)."""
+        async for attempt in AsyncRetrying(
+                wait=wait_exponential(multiplier=self.reconnect_initial, min=self.reconnect_initial,
+                                      max=self.reconnect_max),
+                before_sleep=lambda state: log.warning(
+                    "LISTEN reconnect failed (%s); trying again in %.1fs", state.outcome.exception(),  # type: ignore[union-attr]
+                    state.next_action.sleep)):  # type: ignore[union-attr]
+            with attempt:
+                self._conn = await self._connect()
+        self.reconnects += 1
+        log.info("LISTEN connection re-established")
+        for channel in CHANNELS:
+            self._fire(channel)

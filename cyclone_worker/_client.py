@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import re
 import time
@@ -19,7 +20,7 @@ from ._tracing import trace_metadata
 from ._schedules import Schedule, overlap_value, settings_proto
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
                      workflows_pb2_grpc)
-from ._values import Seconds, seconds_of, to_duration, to_timestamp, to_value
+from .values import Seconds, seconds_of, to_duration, to_timestamp, to_value
 from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 from ._workflow import Workflow
 
@@ -95,6 +96,16 @@ class Job:
 _FIELD_PATH = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
 
+def _unreachable(details: str) -> str:
+    """gRPC's connect failure in a few words: 'connection refused', 'unknown host', or as it came."""
+    lowered = details.lower()
+    for needle, words in (("connection refused", "connection refused"), ("lookup", "unknown host"), ("dns", "unknown host"),
+                          ("timed out", "connection timed out"), ("no route", "no route to host")):
+        if needle in lowered:
+            return words
+    return details
+
+
 def _run_state(word: str) -> Any:  # a RunState value
     try:
         return types_pb2.RunState.Value("RUN_STATE_" + word.upper())
@@ -105,9 +116,12 @@ def _run_state(word: str) -> Any:  # a RunState value
 class Client:
     """An async client of a Cyclone server.
 
-    Every failed call raises `CycloneClientError` carrying the gRPC status code. A call
-    made while the server is unreachable waits for it, up to `rpc_timeout` seconds
-    (then DEADLINE_EXCEEDED), so a server restart does not break a client.
+    Every failed call raises `CycloneClientError` carrying the gRPC status code. Until the
+    server has answered once, a call fails at once when nothing listens at `address`
+    (UNAVAILABLE, "cannot reach HOST:PORT: connection refused"); `wait_for_server=SECONDS`
+    instead waits that long for a server that is still starting. Once it has answered, a call
+    made while the server is unreachable waits for it, up to `rpc_timeout` seconds (then
+    DEADLINE_EXCEEDED), so a server restart does not break a client.
 
     Example::
 
@@ -118,11 +132,16 @@ class Client:
     """
 
     def __init__(self, address: str, *, token: str | None = None,
-                 tls: grpc.ChannelCredentials | None = None, rpc_timeout: float = 30.0) -> None:
+                 tls: grpc.ChannelCredentials | None = None, rpc_timeout: float = 30.0,
+                 wait_for_server: float = 0.0) -> None:
+        if not 0 <= wait_for_server < float("inf"):
+            raise ValueError(f"wait_for_server: {wait_for_server!r} is not a number of seconds >= 0")
         self.address = address
         self._metadata = auth_metadata(token)
         self._tls = tls
         self._rpc_timeout = rpc_timeout
+        self._wait_for_server = wait_for_server
+        self._reached = False  # has the server answered once? Then calls wait across restarts.
         self._channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> Client:
@@ -144,15 +163,28 @@ class Client:
         return self._channel
 
     async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None) -> Any:
-        stub = stub_cls(self._open())
+        channel = self._open()
+        if not self._reached and self._wait_for_server:
+            try:
+                await asyncio.wait_for(channel.channel_ready(), self._wait_for_server)
+            except asyncio.TimeoutError:
+                raise CycloneClientError(grpc.StatusCode.UNAVAILABLE, f"cannot reach {self.address}: no server "
+                                         f"answered within {self._wait_for_server:g}s") from None
         try:
-            # wait_for_ready: a call made while the server restarts waits for it (up to the
-            # call's deadline) instead of failing at once with UNAVAILABLE. The current span's
-            # W3C context goes along: a run submitted under it joins its trace.
-            return await getattr(stub, method)(request, timeout=timeout or self._rpc_timeout,
-                                               metadata=self._metadata + trace_metadata(), wait_for_ready=True)
+            # wait_for_ready once the server has answered: a call made while it restarts
+            # waits for it (up to the call's deadline) instead of failing with UNAVAILABLE.
+            # Before that, a wrong address fails at once. The current span's W3C context
+            # goes along: a run submitted under it joins its trace.
+            resp = await getattr(stub_cls(channel), method)(request, timeout=timeout or self._rpc_timeout,
+                                                            metadata=self._metadata + trace_metadata(),
+                                                            wait_for_ready=self._reached)
         except grpc.aio.AioRpcError as e:
+            if not self._reached and e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise CycloneClientError(grpc.StatusCode.UNAVAILABLE,
+                                         f"cannot reach {self.address}: {_unreachable(e.details() or '')}") from None
             raise CycloneClientError.from_rpc(e) from None
+        self._reached = True
+        return resp
 
     # -- workflows ------------------------------------------------------------------------
 

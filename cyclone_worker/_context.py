@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import Fenced, Permanent
 from ._logging import StepLogger
 from cyclone_proto import workers_pb2
-from ._values import from_struct, from_timestamp, from_value
+from .values import from_struct, from_timestamp, from_value
 
 if TYPE_CHECKING:
     import psycopg

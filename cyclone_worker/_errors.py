@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from cyclone_proto import workers_pb2
-from ._values import Seconds, seconds_of, to_duration
+from .values import Seconds, seconds_of, to_duration
 
 if TYPE_CHECKING:
     from ._models import Run

@@ -14,7 +14,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._context import Context
 from ._errors import Permanent, outcome_of
@@ -22,10 +22,7 @@ from ._logging import current_step
 from ._models import enum_name
 from ._tracing import traced
 from cyclone_proto import workers_pb2
-from ._values import to_duration, to_value
-
-if TYPE_CHECKING:
-    from ._session import Session
+from .values import to_duration, to_value
 
 __all__ = ["Held", "LeaseTable"]
 
@@ -98,7 +95,9 @@ class LeaseTable:
         self.worker_id = worker_id
         self.counts = counts
         self.held: dict[LeaseKey, Held] = {}
-        self.session: Session | None = None  # the stream results go out on, while one is up
+        # Sends a result on the stream that is up (Session.send_result), None between streams.
+        # A callable, not the session: the session uses this table, never the other way.
+        self.outlet: Callable[[workers_pb2.StepResult], None] | None = None
         self.draining = False  # new leases are held unstarted, and handed back at the end
         self.changed = asyncio.Event()  # set whenever a lease ends or gets its result
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,13 +112,13 @@ class LeaseTable:
         """What Hello.held lists: every lease the server has not taken back."""
         return [h.ref() for h in self.held.values() if not h.stopped]
 
-    def welcomed(self, session: Session, lost: list[workers_pb2.LeaseRef],
+    def welcomed(self, outlet: Callable[[workers_pb2.StepResult], None], lost: list[workers_pb2.LeaseRef],
                  max_payload_bytes: int = 0) -> list[workers_pb2.StepResult]:
         """A new stream is up: stop the lost leases; returns the results to send on it."""
         self.max_payload_bytes = max_payload_bytes or DEFAULT_MAX_PAYLOAD_BYTES
         for ref in lost:
             self.stop(ref, "lost")
-        self.session = session
+        self.outlet = outlet
         return [h.result for h in self.held.values() if h.result is not None and not h.stopped]
 
     def start(self, lease: workers_pb2.Lease) -> None:
@@ -201,8 +200,8 @@ class LeaseTable:
     def _finish(self, h: Held, result: workers_pb2.StepResult) -> None:
         h.result = bounded_message(result)
         self.changed.set()
-        if self.session is not None:
-            self.session.send_result(result)
+        if self.outlet is not None:
+            self.outlet(result)
 
     def _drop(self, h: Held) -> None:
         self.held.pop(h.key, None)

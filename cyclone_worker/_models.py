@@ -9,7 +9,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from cyclone_proto import admin_pb2, types_pb2
-from ._values import from_duration, from_timestamp, from_value
+from .values import from_duration, from_timestamp, from_value
 
 __all__ = ["Run", "Step", "StepError", "KindStats", "WorkerInfo", "WorkflowInfo", "TERMINAL_RUN_STATES"]
 

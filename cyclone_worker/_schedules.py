@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from cyclone_proto import runs_pb2, schedules_pb2, types_pb2
 from ._models import _time, _value, enum_name
-from ._values import Seconds, from_duration, to_duration, to_timestamp, to_value
+from .values import Seconds, from_duration, to_duration, to_timestamp, to_value
 
 if TYPE_CHECKING:
     from ._client import Job

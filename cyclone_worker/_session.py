@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 
 from ._errors import CycloneClientError
+from ._leases import LeaseTable
 from cyclone_proto import workers_pb2
-from ._values import from_duration
-
-if TYPE_CHECKING:
-    from ._leases import LeaseTable
-    from ._worker import Worker
+from .values import from_duration
 
 __all__ = ["Session", "Disconnected", "reconnectable", "FATAL_CODES"]
 
@@ -46,10 +43,23 @@ def reconnectable(exc: BaseException) -> bool:
             and exc.code not in FATAL_CODES)
 
 
+class Owner(Protocol):
+    """What a Session needs of its worker (`_worker.Worker` is one). Imports go one way:
+    the worker uses the session and the lease table, the session the lease table."""
+
+    worker_id: str
+    address: str
+    connect_timeout: float
+
+    def hello(self) -> workers_pb2.Hello: ...
+
+    def welcomed(self, session: Session, welcome: workers_pb2.Welcome) -> list[workers_pb2.StepResult]: ...
+
+
 class Session:
     """Speaks the worker protocol on one stream on behalf of a Worker."""
 
-    def __init__(self, worker: Worker, leases: LeaseTable, call: Any) -> None:
+    def __init__(self, worker: Owner, leases: LeaseTable, call: Any) -> None:
         self.worker = worker
         self.leases = leases
         self.call = call

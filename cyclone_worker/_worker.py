@@ -90,6 +90,7 @@ class Worker:
         self._metadata = auth_metadata(token)
         self._handlers: dict[str, Handler] = {}
         self._leases = LeaseTable(self._handlers, self.worker_id, self.counts)
+        self._session: Session | None = None  # the welcomed stream, while one is up
         self._connected = asyncio.Event()
         self._stop_requested = asyncio.Event()  # a worker runs once: stop() is final
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -289,8 +290,8 @@ class Worker:
         try:
             await session.run()
         finally:
-            if self._leases.session is session:
-                self._leases.session = None
+            if self._session is session:
+                self._session, self._leases.outlet = None, None
             self._connected.clear()
 
     # -- called by the session --------------------------------------------------------------
@@ -301,7 +302,8 @@ class Worker:
 
     def welcomed(self, session: Session, welcome: workers_pb2.Welcome) -> list[workers_pb2.StepResult]:
         """Stop the lost leases; returns the results still to deliver on this new stream."""
-        results = self._leases.welcomed(session, list(welcome.lost), welcome.max_payload_bytes)
+        self._session = session
+        results = self._leases.welcomed(session.send_result, list(welcome.lost), welcome.max_payload_bytes)
         self._connected.set()
         self.counts["welcomes"] += 1
         return results
@@ -321,8 +323,8 @@ class Worker:
         # waiting for their acks: once a snooze frees a slot the server would push the same
         # step straight back, whereas after the half-close it pushes nothing more to us.
         self._leases.give_back_unstarted()
-        if self._leases.session is not None:
-            await self._leases.session.close()
+        if self._session is not None:
+            await self._session.close()
 
     async def _wait_until(self, done: Callable[[], bool], timeout: float) -> None:
         """Wait for `done()` (re-checked whenever a lease changes), at most `timeout` s, and

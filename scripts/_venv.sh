@@ -1,8 +1,10 @@
 # Sourced by scripts/test.sh and scripts/dev.sh: keeps .venv in step with pyproject.toml.
-# Needs only Python 3.11+ (PYTHON=... picks another interpreter).
+# Needs only Python 3.11+ (PYTHON=... picks another interpreter). The caller may set
+# extras=dev,examples to install more extras of pyproject.toml (default: dev).
 
 python=${PYTHON:-python3}
 venv=.venv
+extras=${extras:-dev}
 
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
     echo "$0: needs Python 3.11 or newer as '$python' (set PYTHON=...)" >&2
@@ -24,13 +26,18 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
 fi
 
-# Reinstall only when pyproject.toml changed since the last successful install.
+# Reinstall only when pyproject.toml (or the extras asked for) changed since the last
+# successful install; a venv holding more extras than asked stays as it is.
 stamp="$venv/.cyclone-pyproject.sha256"
 want=$("$venv/bin/python" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "$0: installing the project and its dev dependencies into $venv" >&2
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-    echo "$want" >"$stamp"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "${have%% *}" != "$want" ] || ! printf ',%s,' "${have#* }" | grep -q ",$extras,"; then
+    [ "${have%% *}" = "$want" ] && extras="${have#* },$extras"
+    echo "$0: installing the project with its extras [$extras] into $venv (pip install -e '.[$extras]')" >&2
+    # Before its rename to cyclone-workflows the project was installed as `cyclone`.
+    "$venv/bin/python" -m pip uninstall --quiet --yes cyclone >/dev/null 2>&1 || true
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
+    echo "$want $extras" >"$stamp"
 fi
 
 if command -v flock >/dev/null; then

@@ -104,6 +104,9 @@ SELECT signal_id, consumed_by FROM cyclone_run_signal(%(run_id)s, %(name)s, %(pa
 -- name: runs_purge
 SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 
+-- name: runs_purge_count
+SELECT cyclone_runs_purge_count(%(age)s) AS eligible;
+
 -- name: run_get
 SELECT * FROM cyclone_runs WHERE id = %(run_id)s;
 

@@ -1,7 +1,8 @@
 """Harness of the polyglot acceptance tests: launch the Node and Go demo workers, drive runs over raw stubs.
 
 The demo workers live in examples/worker-node and examples/worker-go and are built by
-scripts/ci_polyglot_setup.sh; a missing or stale build fails the test (never skips it).
+scripts/examples_setup.sh (which scripts/test.sh runs); a missing or stale build fails the
+test (never skips it).
 Each worker's behaviour per step kind is scripted with `--kind NAME=BEHAVIOUR`
 (succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, hang). The scenarios
 every language must pass are in polyglot_scenarios.py.
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "examples" / "worker-node"
 GO_DIR = ROOT / "examples" / "worker-go"
 WORKERS_PROTO = ROOT / "proto" / "cyclone" / "v1" / "workers.proto"
-SETUP = "run scripts/ci_polyglot_setup.sh"
+SETUP = "run scripts/examples_setup.sh (scripts/test.sh runs it)"
 DEADLINE = 60.0
 T = TypeVar("T")
 
@@ -38,7 +39,7 @@ def worker_command(lang: str) -> list[str]:
     if lang == "node":
         node = shutil.which("node")
         if node is None:
-            pytest.fail(f"node (Node.js 20) is not installed: {SETUP}")
+            pytest.fail(f"node (Node.js 20 or newer) is not on PATH: {SETUP}")
         binary = NODE_DIR / "dist" / "demo.js"
         sources = [*(NODE_DIR / "src").glob("*.ts"), NODE_DIR / "package-lock.json", WORKERS_PROTO]
         command = [node, str(binary)]

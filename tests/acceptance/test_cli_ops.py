@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -173,12 +174,54 @@ async def test_purge_deletes_terminal_runs_in_batches(server: Any, stubs: Any) -
     alive = await submit(runs)
     for run_id in ended:
         await runs.CancelRun(runs_pb2.CancelRunRequest(run_id=run_id))
-    assert cli(server.address, "runs", "purge", "--older-than", "1d").stdout.strip() == "deleted 0 terminal runs"
-    out = cli(server.address, "runs", "purge", "--older-than", "0s", "--limit", "2", "--all")
-    assert out.returncode == 0 and out.stdout.strip() == "deleted 3 terminal runs"
+    none = cli(server.address, "runs", "purge", "--older-than", "1d")
+    assert none.stdout.strip() == "deleted 0 terminal runs that ended more than 1d ago"
+    out = cli(server.address, "runs", "purge", "--older-than", "0s", "--limit", "2", "--all", "--yes")
+    assert out.returncode == 0 and out.stdout.strip() == "deleted 3 terminal runs that ended more than 0s ago"
     remaining = json.loads(cli(server.address, "runs", "list", "--json").stdout)
     assert [r["id"] for r in remaining] == [alive]
     assert cli(server.address, "runs", "purge", "--older-than", "soon").returncode == 2
+
+
+async def test_purge_needs_a_unit_counts_on_dry_run_and_asks_first(server: Any, stubs: Any) -> None:
+    runs, _ = stubs
+    for _ in range(2):
+        await runs.CancelRun(runs_pb2.CancelRunRequest(run_id=await submit(runs)))
+
+    def left() -> int:
+        return len(json.loads(cli(server.address, "runs", "list", "--json").stdout))
+
+    bare = cli(server.address, "runs", "purge", "--older-than", "30")
+    assert bare.returncode == 2 and "'30' has no unit: write 30d, 30h, 30m or 30s" in bare.stderr
+    for text in ("30d", "12h", "45m", "90s", "1h30m"):
+        assert cli(server.address, "runs", "purge", "--older-than", text, "--dry-run").returncode == 0
+    dry = cli(server.address, "runs", "purge", "--older-than", "0s", "--dry-run")
+    assert dry.stdout.strip() == "would delete 2 terminal runs that ended more than 0s ago" and left() == 2
+    assert json.loads(cli(server.address, "runs", "purge", "--older-than", "0s", "--dry-run", "--json").stdout) \
+        == {"eligible": 2}
+    piped = cli(server.address, "runs", "purge", "--older-than", "0s")  # stdin is no terminal: no one to ask
+    assert piped.returncode == 2 and "confirm with --yes" in piped.stderr and left() == 2
+
+    async def on_a_terminal(answer: bytes) -> tuple[int, bytes]:
+        leader, follower = pty.openpty()
+        proc = spawn(server.address, "runs", "purge", "--older-than", "0s", stdin=follower, stdout=follower,
+                     stderr=subprocess.STDOUT)
+        os.close(follower)
+        seen, deadline = b"", time.monotonic() + 60
+        while b"[y/N]" not in seen:
+            assert time.monotonic() < deadline and proc.poll() is None, f"no prompt; got {seen!r}"
+            ready, _, _ = await asyncio.to_thread(select.select, [leader], [], [], 0.1)
+            if ready:
+                seen += os.read(leader, 65536)
+        os.write(leader, answer + b"\n")
+        code = await asyncio.to_thread(proc.wait, 60)
+        os.close(leader)
+        return code, seen
+
+    code, prompt = await on_a_terminal(b"n")
+    assert code == 2 and b"Delete 2 terminal runs that ended more than 0s ago? [y/N]" in prompt and left() == 2
+    code, _ = await on_a_terminal(b"y")
+    assert code == 0 and left() == 0
 
 
 async def test_wait_prints_one_line_per_step_change_when_not_a_tty(server: Any, stubs: Any, engine: Engine) -> None:
@@ -204,7 +247,10 @@ async def test_wait_prints_one_line_per_step_change_when_not_a_tty(server: Any, 
     rest = await asyncio.wait_for(asyncio.to_thread(proc.stdout.read), 60)  # to the end: the CLI exits
     assert await asyncio.to_thread(proc.wait, 60) == 0
     assert rest.decode().splitlines()[-1].startswith(f"run {run_id} completed after")
-    assert ["extract", "available", "->", "completed", "attempt", "1"] in [line[1:7] for line in lines]
+    # (a poll may or may not catch the moment the step was running)
+    assert {("extract", "available", "->", "completed"), ("extract", "running", "->", "completed")} & {
+        tuple(line[1:5]) for line in lines}
+    assert all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", line[0]) for line in lines)  # the server's time of the change
 
 
 async def test_wait_exit_codes(server: Any, stubs: Any, engine: Engine) -> None:
@@ -249,7 +295,7 @@ async def test_wait_redraws_a_live_table_on_a_terminal(server: Any, stubs: Any, 
     await read_until(b"completed after")
     assert await asyncio.to_thread(proc.wait, 60) == 0
     os.close(leader)
-    assert b"\x1b[" in seen and b"J" in seen  # moved up and cleared: redrawn in place
+    assert b"\x1b[1A" in seen and b"\x1b[2K" in seen  # rich's Live: moved up and cleared, redrawn in place
     assert b"[" + b"#" * 20 + b"] 2/2 steps ended" in seen
 
 

@@ -175,3 +175,46 @@ async def test_purge_deletes_terminal_runs(client: Client) -> None:
         await client.get(done)
     assert e.value.code == grpc.StatusCode.NOT_FOUND
     assert (await client.get(kept)).state == "running"
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_wrong_address_fails_at_once_naming_it() -> None:
+    port = _free_port()  # nothing listens there
+    async with Client(f"127.0.0.1:{port}", rpc_timeout=30) as c:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(CycloneClientError) as e:
+            await c.stats()
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    assert e.value.message == f"cannot reach 127.0.0.1:{port}: connection refused"
+    assert asyncio.get_running_loop().time() - started < 30  # not the rpc_timeout: no waiting at all
+    async with Client(f"127.0.0.1:{port}", wait_for_server=0.5) as c:
+        with pytest.raises(CycloneClientError) as e:
+            await c.stats()
+    assert e.value.message == f"cannot reach 127.0.0.1:{port}: no server answered within 0.5s"
+    with pytest.raises(ValueError, match="wait_for_server"):
+        Client("127.0.0.1:7233", wait_for_server=-1)
+
+
+async def test_wait_for_server_waits_for_one_that_is_starting(start_server: Any, db_url: str) -> None:
+    port = _free_port()
+    async with Client(f"127.0.0.1:{port}", wait_for_server=DEADLINE) as c:
+        call = asyncio.create_task(c.list_workflows())
+        await asyncio.sleep(0.3)
+        assert not call.done()  # waiting, not failed
+        server = start_server(db_url)
+        server.terminate()
+        server.address = f"127.0.0.1:{port}"
+        server.restart()  # now something listens on the port the client waits for
+        assert await asyncio.wait_for(call, DEADLINE) == []
+        # Once it has answered, a restart does not fail calls: they wait for the server again.
+        server.kill()
+        later = asyncio.create_task(c.list_workflows())
+        await asyncio.sleep(0.3)
+        server.restart()
+        assert await asyncio.wait_for(later, DEADLINE) == []

@@ -19,7 +19,7 @@ import pytest
 from cyclone_worker import Client, Context, Reconnect, Worker, Workflow
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
-from cyclone_worker._values import to_value
+from cyclone_worker.values import to_value
 
 from waits_helpers import DEADLINE, until
 

@@ -43,6 +43,7 @@ async def test_only_terminal_runs_past_the_age_are_deleted(engine: Engine, conn)
     await finish(engine, "f")
     for run_id in (completed, failed, cancelled, running, paused):
         await age(conn, run_id, 10 * DAY)
+    assert await engine.purge_count(DAY) == 3  # the dry run counts what the purge then deletes
     assert await engine.purge(DAY) == 3
     assert await run_ids(conn) == {running, paused, recent}
     assert await engine.purge(None) == 0  # no default age: only runs with a retention of their own
@@ -60,6 +61,7 @@ async def test_the_largest_node_retention_wins_over_the_default_age(engine: Engi
                             long))["r"] == 7200
     assert await engine.purge(None) == 1  # short: 60 s after finishing
     assert await run_ids(conn) == {long, plain}
+    assert await engine.purge_count(10) == 1
     assert await engine.purge(10) == 1  # plain: the default age; long keeps its own 2 h
     assert await run_ids(conn) == {long}
     await age(conn, long, 3601)
@@ -73,6 +75,7 @@ async def test_purge_is_bounded_by_its_limit_oldest_first(engine: Engine, conn) 
         await finish(engine, "k")
         await age(conn, run_id, DAY + i)
         runs.append(run_id)
+    assert await engine.purge_count(60) == 5  # every batch together
     assert await engine.purge(60, limit=2) == 2
     assert await run_ids(conn) == set(runs[:3])
     assert [await engine.purge(60, limit=2) for _ in range(3)] == [2, 1, 0]
@@ -85,12 +88,14 @@ async def test_terminal_child_run_stays_while_its_parent_is_unfinished(engine: E
     await finish(engine, "ct")
     await engine.sweep()
     await age(conn, child, 10 * DAY)
+    assert await engine.purge_count(60) == 0
     assert await engine.purge(60) == 0  # the parent still runs: a retry could reuse the result
     lease = await claim_one(engine, "other")
     await engine.fail(lease["step_id"], 1, "x", permanent=True)
     assert await engine.purge(60) == 0  # failed parent: Retry could still need the child's result
     await engine.retry(parent)
     await finish(engine, "other")
+    assert await engine.purge_count(60) == 1
     assert await engine.purge(60) == 1  # the parent completed
     assert await run_ids(conn) == {parent}
 

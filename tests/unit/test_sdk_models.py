@@ -10,7 +10,7 @@ from google.protobuf import timestamp_pb2
 from cyclone_worker import Context, Run
 from cyclone_worker._models import WorkflowInfo, enum_name
 from cyclone_proto import types_pb2, workers_pb2
-from cyclone_worker._values import to_struct, to_value
+from cyclone_worker.values import to_struct, to_value
 
 
 def test_state_names_are_the_documents_words() -> None:

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from google.protobuf import json_format
 
-from cyclone_worker._values import (from_duration, from_struct, from_timestamp, from_value, seconds_of,
+from cyclone_worker.values import (from_duration, from_struct, from_timestamp, from_value, seconds_of,
                                     to_duration, to_struct, to_timestamp, to_value)
 
 SAMPLES = [

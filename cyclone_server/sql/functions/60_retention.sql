@@ -31,3 +31,14 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
+
+-- How many runs PurgeTerminalRuns with this p_age would delete now, all batches together
+-- (its dry run): the predicate of cyclone_runs_purge without p_sweep, kept next to it.
+CREATE OR REPLACE FUNCTION cyclone_runs_purge_count(p_age interval)
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM cyclone_runs r
+     WHERE r.state IN ('completed', 'failed', 'cancelled')
+       AND r.finished_at <= now() - greatest(p_age, COALESCE(r.retention, p_age))
+       AND (r.parent_run_id IS NULL
+            OR EXISTS (SELECT 1 FROM cyclone_runs p WHERE p.id = r.parent_run_id AND p.state = 'completed'))
+$$;

@@ -1,0 +1,139 @@
+"""`cyclone dev` as a user meets it: a second one on the same data dir, a busy port, a closed terminal, a kill."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cyclone_worker import Client
+
+ENTRY = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+DEADLINE = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(what: str, check: object) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"not within {DEADLINE} s: {what}"
+        time.sleep(0.1)
+
+
+class Dev:
+    """One `cyclone dev` process; `started()` waits for its banner and reads its pids."""
+
+    def __init__(self, data_dir: Path, port: int, log: Path, *extra: str) -> None:
+        self.data_dir, self.address, self.log = data_dir, f"127.0.0.1:{port}", log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", ENTRY, "dev", "--data-dir", str(data_dir),
+                                          "--listen", self.address, *extra],
+                                         stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def started(self) -> Dev:
+        wait_until(f"cyclone dev banner in {self.log}", lambda: "Cyclone is running on" in self.text()
+                   or self.proc.poll() is not None)
+        assert self.proc.poll() is None, self.text()
+        match = re.search(r"demo worker \(pid (\d+)\)", self.text())
+        assert match, self.text()
+        self.worker_pid = int(match.group(1))
+        self.postgres_pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        return self
+
+    def gone(self) -> bool:
+        return self.proc.poll() is not None and not alive(self.worker_pid) and not alive(self.postgres_pid)
+
+
+@pytest.fixture
+def devs(tmp_path: Path) -> Iterator[list[Dev]]:
+    started: list[Dev] = []
+    yield started
+    for dev in started:
+        if dev.proc.poll() is None:
+            dev.proc.send_signal(signal.SIGINT)
+            try:
+                dev.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                dev.proc.kill()
+                dev.proc.wait()
+
+
+async def stats_ok(address: str) -> bool:
+    async with Client(address, wait_for_server=10) as client:
+        await client.stats()
+    return True
+
+
+async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_first_alone(
+        tmp_path: Path, devs: list[Dev]) -> None:
+    first = Dev(tmp_path / "pg", free_port(), tmp_path / "first.log")
+    devs.append(first)
+    first.started()
+
+    second = Dev(tmp_path / "pg", free_port(), tmp_path / "second.log")
+    devs.append(second)
+    assert second.proc.wait(DEADLINE) == 1
+    lines = second.text().strip().splitlines()
+    assert lines[-1] == (f"cyclone dev: another cyclone dev (pid {first.proc.pid}, listening on {first.address}) is "
+                         f"using {tmp_path / 'pg'}; stop it first, or give this one its own --data-dir and --listen")
+    assert "Traceback" not in second.text()
+
+    port = int(first.address.rsplit(":", 1)[1])
+    third = Dev(tmp_path / "other", port, tmp_path / "third.log")
+    devs.append(third)
+    assert third.proc.wait(DEADLINE) == 1
+    line = third.text().strip()
+    assert line.startswith(f"cyclone dev: {first.address} is already in use by pid {first.proc.pid} (")
+    assert line.endswith("pick another address with --listen HOST:PORT") and "\n" not in line
+    assert not (tmp_path / "other").exists()  # refused before starting anything
+
+    # The first one still has its Postgres: calls work, and Ctrl-C stops it all.
+    assert alive(first.postgres_pid) and await stats_ok(first.address)
+    first.proc.send_signal(signal.SIGINT)
+    assert first.proc.wait(DEADLINE) == 0
+    wait_until("the first dev's Postgres and demo worker stop", first.gone)
+
+
+@pytest.mark.parametrize("how", ["SIGHUP", "SIGTERM", "SIGKILL"])
+async def test_a_closed_terminal_or_a_killed_dev_leaves_nothing_running(tmp_path: Path, devs: list[Dev],
+                                                                       how: str) -> None:
+    dev = Dev(tmp_path / "pg", free_port(), tmp_path / "dev.log")
+    devs.append(dev)
+    dev.started()
+    dev.proc.send_signal(getattr(signal, how))
+    dev.proc.wait(DEADLINE)
+    wait_until(f"Postgres (pid {dev.postgres_pid}) and the demo worker (pid {dev.worker_pid}) stop after {how}",
+               dev.gone)
+    # The data dir is free again: the next dev starts on it.
+    again = Dev(tmp_path / "pg", free_port(), tmp_path / "again.log")
+    devs.append(again)
+    again.started()
+    assert await stats_ok(again.address)
