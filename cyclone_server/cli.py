@@ -20,6 +20,7 @@ from .engine import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import CycloneError
 
 DEFAULT_LISTEN = "127.0.0.1:7233"
+DEV_HTTP_LISTEN = "127.0.0.1:8233"  # `cyclone dev`'s web console
 
 
 def _positive(text: str) -> float:
@@ -56,6 +57,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="Postgres URL (env CYCLONE_DATABASE_URL); required")
     p.add_argument("--listen", type=_listen, default=os.environ.get("CYCLONE_LISTEN", DEFAULT_LISTEN),
                    help="HOST:PORT to serve gRPC on (env CYCLONE_LISTEN; port 0 = any free port)")
+    p.add_argument("--http-listen", type=_listen, default=os.environ.get("CYCLONE_HTTP_LISTEN"), metavar="HOST:PORT",
+                   help="serve the web console, /metrics and /healthz over HTTP on HOST:PORT "
+                        "(env CYCLONE_HTTP_LISTEN; port 0 = any free port; default: no HTTP port)")
     p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS")
     p.add_argument("--sweep-interval", type=_positive, default=1.0, metavar="SECONDS",
                    help="recovery sweep and wait scanners")
@@ -99,12 +103,19 @@ def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Setti
         interceptors, credentials = auth.server_security(args)
     except (auth.SecurityConfigError, OSError) as e:
         p.error(str(e))
+    if args.http_listen:  # the console acts on runs: the gRPC port's rule, and only tokens authenticate it
+        http_host = split_listen(args.http_listen)[0]
+        has_tokens = any(isinstance(i, auth.TokenAuthInterceptor) for i in interceptors)
+        if not (has_tokens or args.insecure_allow_no_auth or auth.is_loopback(http_host)):
+            p.error(f"--http-listen: refusing to serve the web console on {http_host} without tokens: anyone who "
+                    "reaches that address could cancel runs. Give --tokens-file (or CYCLONE_TOKENS), listen on "
+                    "127.0.0.1, or pass --insecure-allow-no-auth if a proxy in front of it authenticates callers.")
     return Settings(
         database_url=args.database_url, listen=args.listen, lease_ttl=args.lease_ttl,
         sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
-        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen,
+        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
         interceptors=interceptors, credentials=credentials, reuse_port=args.reuse_port,
     )
 
@@ -154,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
     dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN)
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
+    dev.add_argument("--http-listen", type=_listen, default=DEV_HTTP_LISTEN, metavar="HOST:PORT",
+                     help=f"the web console (default {DEV_HTTP_LISTEN})")
     add_log_flag(dev)
     cli_ops.register(sub)
     args = p.parse_args(argv)
@@ -170,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         applied = migrate(args.database_url)
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
         return 0
-    return run_dev(args.data_dir, args.listen, worker=not args.no_worker)
+    return run_dev(args.data_dir, args.listen, worker=not args.no_worker, http_listen=args.http_listen)
 
 
 DEV_USAGE = """
@@ -198,7 +211,7 @@ Look around: grpcurl -plaintext {address} list
 """
 
 
-def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
+def run_dev(data_dir: str, listen: str, *, worker: bool = True, http_listen: str | None = DEV_HTTP_LISTEN) -> int:
     """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM."""
     from .embedded import start_embedded
 
@@ -209,7 +222,7 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True) -> int:
     pg = start_embedded(data_dir)
     try:
         url = _dev_database(pg.url())
-        return asyncio.run(_dev(url, data_dir, listen, worker))
+        return asyncio.run(_dev(url, data_dir, listen, worker, http_listen))
     except KeyboardInterrupt:
         return 0
     finally:
@@ -228,13 +241,13 @@ def _dev_database(admin_url: str) -> str:
     return make_conninfo(**{**conninfo_to_dict(admin_url), "dbname": "cyclone"})
 
 
-async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
+async def _dev(url: str, data_dir: str, listen: str, worker: bool, http_listen: str | None = None) -> int:
     log = logging.getLogger("cyclone.dev")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = CycloneServer(Settings(database_url=url, listen=listen))
+    server = CycloneServer(Settings(database_url=url, listen=listen, http_listen=http_listen))
     proc: asyncio.subprocess.Process | None = None
     try:
         address = await server.start()
@@ -245,6 +258,8 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool) -> int:
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address)
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
+        if server.http_server is not None:
+            print(f"Web console: {server.http_server.url}/\n", flush=True)
         await stop.wait()
         return 0
     finally:
