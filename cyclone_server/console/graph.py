@@ -41,8 +41,8 @@ class Placed:
     y: int
 
 
-def layers(nodes: Sequence[GraphNode]) -> list[list[GraphNode]]:
-    """The nodes in layers: a node's layer is 1 + the largest layer of its deps (roots: 0)."""
+def _depths(nodes: Sequence[GraphNode]) -> dict[str, int]:
+    """A node's layer: 1 + the largest layer of its deps (roots: 0)."""
     by_id = {n.id: n for n in nodes}
     depth: dict[str, int] = {}
     for start in nodes:  # iterative DFS: a definition may be 10,000 nodes deep
@@ -57,37 +57,72 @@ def layers(nodes: Sequence[GraphNode]) -> list[list[GraphNode]]:
                 continue
             stack.append((nid, True))
             stack.extend((d, False) for d in deps if d not in depth)
-    out: list[list[GraphNode]] = [[] for _ in range(1 + max(depth.values(), default=-1))]
+    return depth
+
+
+def layers(nodes: Sequence[GraphNode]) -> tuple[list[list[GraphNode | str]], dict[tuple[str, str], list[str]]]:
+    """The nodes in layers, and the route of every edge that skips layers.
+
+    An edge dep -> node that spans more than one layer passes through one waypoint (a str
+    key) in each layer between, which takes a place in that layer's order like a node, so
+    that the edge never runs through another node's box. Each layer is ordered by the mean
+    row of the node's deps (or the waypoint's predecessor) in the layer before; ties keep
+    definition order.
+    """
+    depth = _depths(nodes)
+    out: list[list[GraphNode | str]] = [[] for _ in range(1 + max(depth.values(), default=-1))]
     for n in nodes:
         out[depth[n.id]].append(n)
-    # Order each layer by the mean row of the node's deps in the previous layers (stable: ties keep
-    # definition order).
+    routes: dict[tuple[str, str], list[str]] = {}
+    preds: dict[str, list[str]] = {n.id: [d for d in n.deps if d in depth] for n in nodes}
+    for n in nodes:
+        for d in preds[n.id]:
+            if depth[n.id] - depth[d] > 1:
+                prev, route = d, []
+                for layer in range(depth[d] + 1, depth[n.id]):
+                    key = f"\0{d}\0{n.id}\0{layer}"
+                    out[layer].append(key)
+                    preds[key] = [prev]
+                    route.append(key)
+                    prev = key
+                routes[(d, n.id)] = route
+                preds[n.id] = [route[-1] if p == d else p for p in preds[n.id]]
     row: dict[str, float] = {}
     for layer in out:
         keyed = []
-        for i, n in enumerate(layer):
-            rows = [row[d] for d in n.deps if d in row]
-            keyed.append((sum(rows) / len(rows) if rows else float(i), i, n))
+        for i, item in enumerate(layer):
+            key = item if isinstance(item, str) else item.id
+            rows = [row[d] for d in preds[key] if d in row]
+            keyed.append((sum(rows) / len(rows) if rows else float(i), i, item))
         keyed.sort(key=lambda k: (k[0], k[1]))
         layer[:] = [k[2] for k in keyed]
-        for i, n in enumerate(layer):
-            row[n.id] = float(i)
-    return out
+        for i, item in enumerate(layer):
+            row[item if isinstance(item, str) else item.id] = float(i)
+    return out, routes
 
 
-def place(nodes: Sequence[GraphNode]) -> tuple[list[Placed], int, int]:
-    """Each node's top-left corner, and the drawing's width and height. Layers are centred vertically."""
-    grid = layers(nodes)
-    tallest = max((len(layer) for layer in grid), default=0)
-    height = PAD * 2 + tallest * NODE_H + max(0, tallest - 1) * GAP_Y
-    placed = []
+def place(nodes: Sequence[GraphNode]) -> tuple[list[Placed], dict[tuple[str, str], list[tuple[int, int]]], int, int]:
+    """Each node's top-left corner, each long edge's waypoints (centre points), and the drawing's size.
+    Layers are centred vertically; a waypoint takes half a node's height."""
+    grid, routes = layers(nodes)
+
+    def h(item: GraphNode | str) -> int:
+        return NODE_H // 2 if isinstance(item, str) else NODE_H
+
+    spans = [sum(h(i) for i in layer) + max(0, len(layer) - 1) * GAP_Y for layer in grid]
+    height = PAD * 2 + max(spans, default=0)
+    placed, points = [], {}
     for col, layer in enumerate(grid):
-        span = len(layer) * NODE_H + max(0, len(layer) - 1) * GAP_Y
-        top = PAD + (height - 2 * PAD - span) // 2
-        for i, n in enumerate(layer):
-            placed.append(Placed(n, PAD + col * (NODE_W + GAP_X), top + i * (NODE_H + GAP_Y)))
+        y = PAD + (height - 2 * PAD - spans[col]) // 2
+        x = PAD + col * (NODE_W + GAP_X)
+        for item in layer:
+            if isinstance(item, str):
+                points[item] = (x + NODE_W // 2, y + h(item) // 2)
+            else:
+                placed.append(Placed(item, x, y))
+            y += h(item) + GAP_Y
     width = PAD * 2 + len(grid) * NODE_W + max(0, len(grid) - 1) * GAP_X
-    return placed, width, height
+    return placed, {edge: [points[k] for k in route] for edge, route in routes.items()}, width, height
 
 
 def _clip(text: str, limit: int = 22) -> str:
@@ -96,7 +131,7 @@ def _clip(text: str, limit: int = 22) -> str:
 
 def svg(nodes: Sequence[GraphNode], *, title: str = "") -> Markup:
     """The graph as an <svg> element; each node is a <g class="node state-S" data-node=ID data-state=S>."""
-    placed, width, height = place(nodes)
+    placed, waypoints, width, height = place(nodes)
     at = {p.node.id: p for p in placed}
     parts = [f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title or "workflow graph")}">',
@@ -107,11 +142,19 @@ def svg(nodes: Sequence[GraphNode], *, title: str = "") -> Markup:
             d = at.get(dep)
             if d is None:
                 continue
-            x1, y1 = d.x + NODE_W, d.y + NODE_H // 2
-            x2, y2 = p.x, p.y + NODE_H // 2
-            mid = (x1 + x2) // 2
-            parts.append(f'<path class="edge" d="M {x1} {y1} C {mid} {y1}, {mid} {y2}, {x2 - 2} {y2}" '
-                         'marker-end="url(#arrow)"/>')
+            # From the dep's right side, through the waypoints of a long edge, to the node's left side.
+            stops = [(d.x + NODE_W, d.y + NODE_H // 2)]
+            for cx, cy in waypoints.get((dep, p.node.id), []):
+                stops += [(cx - NODE_W // 2, cy), (cx + NODE_W // 2, cy)]
+            stops.append((p.x - 2, p.y + NODE_H // 2))
+            path = [f"M {stops[0][0]} {stops[0][1]}"]
+            for (x1, y1), (x2, y2) in zip(stops, stops[1:]):
+                if y1 == y2 or x2 - x1 == NODE_W:
+                    path.append(f"L {x2} {y2}")
+                else:
+                    mid = (x1 + x2) // 2
+                    path.append(f"C {mid} {y1}, {mid} {y2}, {x2} {y2}")
+            parts.append(f'<path class="edge" d="{" ".join(path)}" marker-end="url(#arrow)"/>')
     for p in placed:
         n = p.node
         wait = WAIT_TYPES.get(n.type)
@@ -137,7 +180,7 @@ def svg(nodes: Sequence[GraphNode], *, title: str = "") -> Markup:
     return Markup("".join(parts))
 
 
-_WAIT_MARK = {"sleep": "\u23f1", "signal": "\u2709", "child": "\u21b3"}
+_WAIT_MARK = {"sleep": "\u25f7", "signal": "\u2709", "child": "\u21b3"}
 _SHORT = {"waiting_signal": "waiting", "waiting_timer": "waiting", "waiting_child": "waiting"}
 
 

@@ -408,7 +408,7 @@ class Console:
         now = _now()
         summary = run_summary(run, now)
         title = summary["workflow"] or summary["job_kind"] or "run"
-        return {"title": f"Run {summary['id'][:8]}", "run": summary, "run_title": title,
+        return {"title": f"{title} {summary['id']}", "run": summary, "run_title": title,
                 "graph": graph.svg(graph.from_steps(run["steps"]), title=f"run {summary['id']}"),
                 "steps": [step_view(s, now) for s in run["steps"]], "bars": timeline(run, now),
                 "input": fmt_json(run.get("input")), "result": fmt_json(run["result"])
