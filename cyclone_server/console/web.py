@@ -427,7 +427,8 @@ class Console:
         env_globals = {"csrf": request["csrf"], "auth_enabled": self.access.enabled,
                        "signed_in": request["signed_in"], "path": request.path, "server_id": self.server_id}
         parts = {name: self.env.get_template(f"_run_{name}.html").render(**env_globals, **ctx)
-                 for name in ("summary", "graph", "steps", "timeline", "io")}
+                 for name in ("summary", "actions", "graph", "steps", "timeline", "io")
+                 if name != "actions" or ctx["can_act"]}
         return web.json_response({"state": run["state"], "terminal": ctx["run"]["terminal"], "parts": parts},
                                  headers={"Cache-Control": "no-store"})
 

@@ -220,6 +220,12 @@ async def test_cancel_a_run_from_the_page(console: tuple[Any, str], browser: Any
     run_id, _ = await engine.submit_run("report", input={"month": "2026-11"})
     await page.open(f"/runs/{run_id}")
     assert await page.node_states() == {"gather": "available", "render": "pending"}
+    # A refusal, in words: only a paused run can be resumed.
+    await page.click("#action-resume")
+    await page.click("#confirm")
+    notice = await page.wait(lambda: page.text("#notice"), "the refusal")
+    assert "Resume run: refused by the server (FAILED_PRECONDITION)" in notice
+    assert "only a paused run can be resumed" in notice
     await page.click("#action-cancel")
     await page.wait(lambda: page.js("return !!document.getElementById('confirm')"), "the confirmation page")
     await page.shot("console-confirm.png")
@@ -230,12 +236,7 @@ async def test_cancel_a_run_from_the_page(console: tuple[Any, str], browser: Any
     assert await page.text("#run-state") == "cancelled"
     assert await page.node_states() == {"gather": "cancelled", "render": "cancelled"}
     assert (await engine.get_run(run_id, steps=False))["state"] == "cancelled"
-    # Again: the server's answer, in words.
-    await page.click("#action-pause")
-    await page.click("#confirm")
-    notice = await page.wait(lambda: page.text("#notice"), "the refusal")
-    assert "Pause run: refused by the server (FAILED_PRECONDITION)" in notice
-    assert "only a running run can be paused" in notice
+    assert "no action applies" in await page.text("#no-actions")
 
 
 async def test_a_hostile_payload_shows_as_text(console: tuple[Any, str], browser: Any, engine: Engine) -> None:

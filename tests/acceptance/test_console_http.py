@@ -157,7 +157,7 @@ async def test_run_page_shows_dag_states_wait_nodes_steps_and_input(console: str
         live = await r.json()
     assert live["state"] == "running" and live["terminal"] is False
     assert node_states(live["parts"]["graph"])["transform"] == "running"
-    assert set(live["parts"]) == {"summary", "graph", "steps", "timeline", "io"}
+    assert set(live["parts"]) == {"summary", "actions", "graph", "steps", "timeline", "io"}
 
 
 async def test_child_node_links_to_its_child_run(console: str, http: aiohttp.ClientSession, engine: Engine) -> None:

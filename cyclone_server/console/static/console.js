@@ -7,7 +7,7 @@
   if (!run || run.dataset.terminal === "true") return;
   var url = run.dataset.liveUrl;
   var every = Math.max(250, parseInt(run.dataset.pollMs || "1000", 10));
-  var names = ["summary", "graph", "steps", "timeline", "io"];
+  var names = ["summary", "actions", "graph", "steps", "timeline", "io"];
   var openDetails = function () {
     var open = {};
     run.querySelectorAll("details[open]").forEach(function (d) {
