@@ -195,7 +195,6 @@ class CycloneServer:
                           ready=lambda: self.http_server is not None and "server" in self._started
                           and not self.gate.closing)
         self.http_server = await serve_console(console, host, port, reuse_port=self.settings.reuse_port)
-        log.info("console at %s/", self.http_server.url)
 
     async def scrape_metrics(self) -> tuple[bytes, str]:
         """GET /metrics of the HTTP port: the Prometheus text exposition, and its content type."""

@@ -209,11 +209,17 @@ def _same_origin(request: web.Request) -> bool:
     return urlsplit(origin).netloc == request.host
 
 
+def _https(request: web.Request) -> bool:
+    """Whether the browser reached the console over HTTPS: directly, or through a TLS proxy that says so
+    (X-Forwarded-Proto). A client that lies about it only keeps its own cookies off plain HTTP."""
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip() == "https"
+
+
 def _decorate(response: web.StreamResponse, request: web.Request, fresh_csrf: str) -> None:
     """The CSRF cookie (on a browser's first visit) and the security headers of every answer."""
     if fresh_csrf:
         response.set_cookie(CSRF_COOKIE, fresh_csrf, httponly=True, samesite="Strict", path="/",
-                            secure=request.secure)
+                            secure=_https(request))
     h = response.headers
     h.setdefault("X-Content-Type-Options", "nosniff")
     h.setdefault("X-Frame-Options", "DENY")
@@ -355,7 +361,7 @@ class Console:
                                message="That token is not known to this server." if refusal[0] == 401
                                else "That token may not read the console (it needs the role submit or admin).")
         resp = web.HTTPSeeOther(target)
-        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/", secure=request.secure)
+        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/", secure=_https(request))
         return resp
 
     async def logout(self, request: web.Request) -> web.StreamResponse:

@@ -342,6 +342,13 @@ async def test_sign_in_keeps_the_token_in_an_http_only_cookie(secured: str, http
         assert r.status == 303 and r.headers["Location"] == "/workflows"
         cookie = r.headers["Set-Cookie"]
     assert "cyclone_token=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "Secure" not in cookie  # plain HTTP: a Secure cookie would never come back
+    async with aiohttp.ClientSession() as behind_tls_proxy:
+        async with behind_tls_proxy.post(secured + "/login", data={"token": SUBMIT_TOKEN, "csrf": "c" * 43},
+                                         headers={"X-Forwarded-Proto": "https", "Cookie": "cyclone_csrf=" + "c" * 43},
+                                         allow_redirects=False) as r:
+            assert r.status == 303
+            assert "Secure" in r.headers["Set-Cookie"] and "HttpOnly" in r.headers["Set-Cookie"]
     assert (await get(http, secured + "/workflows"))[0] == 200
     async with http.post(secured + "/login", data={"csrf": csrf, "token": SUBMIT_TOKEN, "next": "//evil.example"},
                          allow_redirects=False) as r:
