@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,8 @@ class Settings:
     metrics_listen: str | None = None
     # "HOST:PORT" for the web console, /metrics and /healthz over HTTP; None: no HTTP port.
     http_listen: str | None = None
+    # (certificate chain, key) PEM files: the HTTP port serves HTTPS with them (--tls-cert/--tls-key).
+    http_tls: tuple[str, str] | None = None
     # From auth.server_security: the token interceptor (when tokens are configured) and
     # TLS / mTLS credentials (None: plaintext).
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
@@ -194,7 +197,12 @@ class CycloneServer:
         console = Console(self.engine, tokens=tokens, metrics=self.scrape_metrics, server_id=self.settings.server_id,
                           ready=lambda: self.http_server is not None and "server" in self._started
                           and not self.gate.closing)
-        self.http_server = await serve_console(console, host, port, reuse_port=self.settings.reuse_port)
+        tls = None
+        if self.settings.http_tls is not None:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(*self.settings.http_tls)
+        self.http_server = await serve_console(console, host, port, reuse_port=self.settings.reuse_port,
+                                               ssl_context=tls)
 
     async def scrape_metrics(self) -> tuple[bytes, str]:
         """GET /metrics of the HTTP port: the Prometheus text exposition, and its content type."""

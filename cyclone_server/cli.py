@@ -116,6 +116,7 @@ def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Setti
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
         max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
+        http_tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
         interceptors=interceptors, credentials=credentials, reuse_port=args.reuse_port,
     )
 

@@ -24,6 +24,7 @@ import hmac
 import json
 import logging
 import secrets
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta, timezone
@@ -590,8 +591,8 @@ def _payload(text: str) -> Any:
 class HttpServer:
     """The console's site on HOST:PORT (port 0: any free port); `address` is the bound one."""
 
-    def __init__(self, runner: web.AppRunner, site: web.TCPSite, host: str, port: int) -> None:
-        self.runner, self.site, self.host, self.port = runner, site, host, port
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, host: str, port: int, *, tls: bool = False) -> None:
+        self.runner, self.site, self.host, self.port, self.tls = runner, site, host, port, tls
 
     @property
     def address(self) -> str:
@@ -600,24 +601,28 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
-async def serve_console(console: Console, host: str, port: int, *, reuse_port: bool = False) -> HttpServer:
-    """Start the console's site; `reuse_port` for `--processes N`, whose processes share the port."""
+async def serve_console(console: Console, host: str, port: int, *, reuse_port: bool = False,
+                        ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Start the console's site (HTTPS with `ssl_context`); `reuse_port` for `--processes N`, whose
+    processes share the port."""
     runner = web.AppRunner(console.app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host.strip("[]"), port, reuse_address=True, reuse_port=reuse_port or None)
+    site = web.TCPSite(runner, host.strip("[]"), port, reuse_address=True, reuse_port=reuse_port or None,
+                       ssl_context=ssl_context)
     await site.start()
     server = getattr(site, "_server", None)
     bound = port
     if server is not None and server.sockets:
         bound = server.sockets[0].getsockname()[1]
-    log.info("console on http://%s:%d/ (metrics at /metrics, health at /healthz)", host, bound)
-    return HttpServer(runner, site, host, bound)
+    server_ = HttpServer(runner, site, host, bound, tls=ssl_context is not None)
+    log.info("console on %s/ (metrics at /metrics, health at /healthz)", server_.url)
+    return server_
 
 
 __all__ = ["Console", "HttpServer", "serve_console"]

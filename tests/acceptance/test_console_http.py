@@ -9,6 +9,7 @@ Chromium.
 from __future__ import annotations
 
 import re
+import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +24,7 @@ from cyclone_server.engine import Engine
 
 from console_helpers import (ADMIN_TOKEN, SUBMIT_TOKEN, WORKER_TOKEN, csrf_of, node_states,
                              start_console_server)
+from test_auth import certs  # noqa: F401  (the session fixture: a CA and a server certificate)
 
 HOSTILE = "<script>window.__pwned = 1</script><img src=x onerror=alert(1)>"
 
@@ -391,3 +393,25 @@ def test_console_without_tokens_is_refused_on_a_non_loopback_address(db_url: str
                            "--http-listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--http-listen: refusing to serve the web console on 0.0.0.0 without tokens" in proc.stderr
+
+
+async def test_with_tls_the_console_port_serves_https_and_secure_cookies(start_server: Callable[..., Any],
+                                                                         db_url: str, tmp_path: Path,
+                                                                         certs: Path) -> None:
+    srv, plain_url = start_console_server(start_server, db_url, tmp_path, tokens=True, extra_args=[
+        "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")])
+    url = plain_url.replace("http://", "https://")
+    trust = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True),
+                                     connector=aiohttp.TCPConnector(ssl=trust)) as https:
+        assert await get(https, url + "/healthz") == (200, "ok\n")
+        status, html = await get(https, url + "/login")
+        async with https.post(url + "/login", data={"csrf": csrf_of(html), "token": ADMIN_TOKEN, "next": "/runs"},
+                              allow_redirects=False) as r:
+            assert r.status == 303
+            cookie = r.headers["Set-Cookie"]
+        assert "cyclone_token=" in cookie and "Secure" in cookie and "HttpOnly" in cookie
+        assert (await get(https, url + "/runs"))[0] == 200
+    async with aiohttp.ClientSession() as plain:  # plain HTTP to the TLS port gets no page
+        with pytest.raises(aiohttp.ClientError):
+            await get(plain, plain_url + "/healthz")
