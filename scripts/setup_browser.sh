@@ -21,10 +21,12 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 
 if ! "$PY" -c "import selenium" >/dev/null 2>&1; then
-  # The venv may be shared by several processes: one pip at a time.
+  # The venv may be shared by several processes: one pip at a time. scripts/test.sh holds the
+  # same lock while pytest runs (and pytest runs this script), so wait a minute at most.
   venv="$(dirname "$PY")/.."
   if command -v flock >/dev/null 2>&1 && [ -f "$venv/pyvenv.cfg" ]; then
-    flock "$venv/.lock" "$PY" -m pip install -q 'selenium>=4.20,<5'
+    flock -w 60 "$venv/.lock" "$PY" -m pip install -q 'selenium>=4.20,<5' \
+      || "$PY" -m pip install -q 'selenium>=4.20,<5'
   else
     "$PY" -m pip install -q 'selenium>=4.20,<5'
   fi

@@ -51,6 +51,7 @@ ACT_METHOD = "/cyclone.v1.Runs/CancelRun"  # a token that may call it (admin) ma
 OPEN_PATHS = ("/login", "/healthz", "/metrics", "/static/")
 PAGE_SIZE = 50
 POLL_MS = 1000
+MAX_DRAWN_NODES = 400  # a larger DAG is listed in the step table, not drawn
 MAX_SHOWN_JSON = 20_000  # characters of an input, output or result shown inline
 ACTIONS = {
     "cancel": "Cancel run",
@@ -314,6 +315,7 @@ class Console:
     def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
         body = self.env.get_template(template).render(
             csrf=request["csrf"], auth_enabled=self.access.enabled, signed_in=request["signed_in"],
+            max_drawn=MAX_DRAWN_NODES,
             path=request.path, server_id=self.server_id, **context)
         return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
@@ -416,7 +418,8 @@ class Console:
         summary = run_summary(run, now)
         title = summary["workflow"] or summary["job_kind"] or "run"
         return {"title": f"{title} {summary['id']}", "run": summary, "run_title": title,
-                "graph": graph.svg(graph.from_steps(run["steps"]), title=f"run {summary['id']}"),
+                "graph": graph.svg(graph.from_steps(run["steps"]), title=f"run {summary['id']}")
+                if len(run["steps"]) <= MAX_DRAWN_NODES else "",
                 "steps": [step_view(s, now) for s in run["steps"]], "bars": timeline(run, now),
                 "input": fmt_json(run.get("input")), "result": fmt_json(run["result"])
                 if run.get("result") is not None else "",
@@ -431,7 +434,7 @@ class Console:
         """The run page's parts, rendered again: the page's script swaps them in once a second."""
         run = await self._load_run(request)
         ctx = self._run_context(request, run)
-        env_globals = {"csrf": request["csrf"], "auth_enabled": self.access.enabled,
+        env_globals = {"csrf": request["csrf"], "auth_enabled": self.access.enabled, "max_drawn": MAX_DRAWN_NODES,
                        "signed_in": request["signed_in"], "path": request.path, "server_id": self.server_id}
         parts = {name: self.env.get_template(f"_run_{name}.html").render(**env_globals, **ctx)
                  for name in ("summary", "actions", "graph", "steps", "timeline", "io")
@@ -521,7 +524,8 @@ class Console:
             nodes = row["definition"]["nodes"]
             items.append({"name": name, "version": row["version"], "versions": sorted(versions[name], reverse=True),
                           "nodes": len(nodes), "created": fmt_time(row["created_at"]),
-                          "graph": graph.svg(graph.from_definition(nodes), title=f"workflow {name}")})
+                          "graph": graph.svg(graph.from_definition(nodes), title=f"workflow {name}")
+                          if len(nodes) <= MAX_DRAWN_NODES else ""})
         return self.render(request, "workflows.html", title="Workflows", workflows=items)
 
     async def workflow(self, request: web.Request) -> web.Response:
@@ -538,7 +542,8 @@ class Console:
         nodes = row["definition"]["nodes"]
         return self.render(request, "workflow.html", title=f"Workflow {name}", name=name, version=row["version"],
                            versions=versions, created=fmt_time(row["created_at"]), nodes=nodes,
-                           graph=graph.svg(graph.from_definition(nodes), title=f"workflow {name}"),
+                           graph=graph.svg(graph.from_definition(nodes), title=f"workflow {name}")
+                           if len(nodes) <= MAX_DRAWN_NODES else "",
                            definition=fmt_json(row["definition"]))
 
     async def workers(self, request: web.Request) -> web.Response:

@@ -415,3 +415,21 @@ async def test_with_tls_the_console_port_serves_https_and_secure_cookies(start_s
     async with aiohttp.ClientSession() as plain:  # plain HTTP to the TLS port gets no page
         with pytest.raises(aiohttp.ClientError):
             await get(plain, plain_url + "/healthz")
+
+
+async def test_retry_all_reopens_a_failed_run_and_a_large_dag_is_listed_not_drawn(console: str,
+                                                                                  http: aiohttp.ClientSession,
+                                                                                  engine: Engine) -> None:
+    job, _, _ = await engine.enqueue("fragile", options={"max_attempts": 1})
+    (lease,) = await engine.claim("w", ["fragile"], 1, 30)
+    await engine.fail(str(lease["step_id"]), lease["lease_generation"], "boom")
+    status, html = await get(http, f"{console}/runs/{job}")
+    assert 'id="action-retry-all"' in html and 'id="action-cancel"' not in html  # a failed run: retry only
+    status, html = await post(http, f"{console}/runs/{job}/actions/retry-all", {"csrf": csrf_of(html), "confirm": "yes"})
+    assert status == 200 and "Retry all discarded steps: done. The run is now running." in html
+    assert node_states(html) == {"fragile": "available"}
+    await engine.register_workflow("wide", [{"id": f"n{i}", "kind": "k"} for i in range(401)])
+    run_id, _ = await engine.submit_run("wide")
+    status, html = await get(http, f"{console}/runs/{run_id}")
+    assert status == 200 and 'id="graph-too-large"' in html and "401 nodes" in html
+    assert html.count('<tr data-node="') == 401
