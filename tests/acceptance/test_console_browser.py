@@ -168,11 +168,14 @@ async def test_runs_page_run_dag_and_a_node_changing_state_live(console: tuple[A
             await client.register(wf)
             for size in (64, 128, 256):  # a few jobs, so the runs page has more than one row
                 await client.result(await client.enqueue("thumbnail", {"size": size}), timeout=DEADLINE)
+            await page.open("/runs")
+            await page.js("window.__sameDocument = true")  # gone if the page reloads
             run_id = await client.submit("pipeline", {"source": "https://example.com/feed"})
 
-        await page.open("/runs")
+        # The runs page shows the new run by itself.
         await page.wait(lambda: page.js(f"return !!document.querySelector('tr[data-run=\"{run_id}\"] a')"),
                         "the run's row on the runs page")
+        assert await page.js("return window.__sameDocument === true"), "the runs page reloaded"
         assert await page.text(f'tr[data-run="{run_id}"] td:nth-child(3) a') == "pipeline"
         await page.click(f'tr[data-run="{run_id}"] a')
         await page.wait(lambda: page.js("return document.getElementById('run-id')?.textContent") , "the run page")

@@ -40,3 +40,25 @@
   };
   setTimeout(tick, every);
 })();
+
+// The runs page: its first page (newest runs) refreshes its table every 2 seconds, with the
+// same filters; an older page stays as it is.
+(function () {
+  "use strict";
+  var table = document.getElementById("runs");
+  if (!table || table.dataset.refresh !== "true") return;
+  var tick = function () {
+    fetch(location.href, {credentials: "same-origin", cache: "no-store"})
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
+      .then(function (html) {
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("runs");
+        var body = table.querySelector("tbody");
+        if (fresh && body && body.innerHTML !== fresh.querySelector("tbody").innerHTML) {
+          body.innerHTML = fresh.querySelector("tbody").innerHTML;
+        }
+        setTimeout(tick, 2000);
+      })
+      .catch(function () { setTimeout(tick, 6000); });
+  };
+  setTimeout(tick, 2000);
+})();
