@@ -140,7 +140,8 @@ def step_view(s: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         if s["state"] == "running" else "",
         "output": fmt_json(s["output"]) if s.get("output") is not None else "",
         "errors": [{"attempt": e.get("attempt"), "error_kind": e.get("error_kind") or "",
-                    "message": e.get("message") or "", "at": str(e.get("at") or "")[:19].replace("T", " ")}
+                    "message": e.get("message") or "", "details": e.get("details") or "",
+                    "at": str(e.get("at") or "")[:19].replace("T", " ")}
                    for e in (s.get("errors") or [])],
         "reason": s.get("reason") or "", "error_kind": s.get("error_kind") or "",
         "cancel_cause": s.get("cancel_cause") or "",
@@ -341,11 +342,7 @@ class Console:
         if self.metrics is None:
             raise web.HTTPNotFound(text="metrics are not served here\n")
         body, content_type = await self.metrics()
-        mime, _, params = content_type.partition(";")
-        resp = web.Response(body=body, content_type=mime.strip())
-        if "charset=" in params:
-            resp.charset = params.split("charset=", 1)[1].strip()
-        return resp
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     # -- sign-in ----------------------------------------------------------------------
 
