@@ -342,3 +342,8 @@ async def test_workflows_and_backlog_pages(console: tuple[Any, str], browser: An
     assert rows == [["clean", "stalled", "1"], ["emails.send", "stalled", "5"], ["score", "stalled", "1"],
                     ["thumbnails", "", "0"]]  # the paused run's steps are not claimable: not backlog
     await page.shot("console-workers.png")
+    await page.js("window.__sameDocument = true")
+    await engine.enqueue("video.encode", input={})  # the backlog follows by itself
+    await page.wait(lambda: page.js("return !!document.querySelector('#backlog tr[data-kind=\"video.encode\"]')"),
+                    "the new kind in the backlog")
+    assert await page.js("return window.__sameDocument === true")

@@ -24,7 +24,11 @@
   };
   var tick = function () {
     fetch(url, {credentials: "same-origin", cache: "no-store", headers: {"Accept": "application/json"}})
-      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); })
+      .then(function (r) {
+        if (r.status === 404) { run.dataset.gone = "true"; throw new Error("gone"); }  // purged: stop
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        return r.json();
+      })
       .then(function (data) {
         var open = openDetails();
         names.forEach(function (n) {
@@ -36,26 +40,27 @@
         if (data.terminal) { run.dataset.terminal = "true"; return; }
         setTimeout(tick, every);
       })
-      .catch(function () { setTimeout(tick, every * 3); });
+      .catch(function () { if (run.dataset.gone !== "true") setTimeout(tick, every * 3); });
   };
   setTimeout(tick, every);
 })();
 
-// The runs page: its first page (newest runs) refreshes its table every 2 seconds, with the
-// same filters; an older page stays as it is.
+// Tables marked data-refresh="true" (the runs page's first page, the backlog) fetch the page
+// again every 2 seconds and swap in their new rows; an older page of runs stays as it is.
 (function () {
   "use strict";
-  var table = document.getElementById("runs");
-  if (!table || table.dataset.refresh !== "true") return;
+  var tables = document.querySelectorAll('table[data-refresh="true"][id]');
+  if (!tables.length) return;
   var tick = function () {
     fetch(location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
       .then(function (html) {
-        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("runs");
-        var body = table.querySelector("tbody");
-        if (fresh && body && body.innerHTML !== fresh.querySelector("tbody").innerHTML) {
-          body.innerHTML = fresh.querySelector("tbody").innerHTML;
-        }
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        tables.forEach(function (table) {
+          var fresh = doc.getElementById(table.id);
+          var body = table.querySelector("tbody"), freshBody = fresh && fresh.querySelector("tbody");
+          if (body && freshBody && body.innerHTML !== freshBody.innerHTML) body.innerHTML = freshBody.innerHTML;
+        });
         setTimeout(tick, 2000);
       })
       .catch(function () { setTimeout(tick, 6000); });
