@@ -34,6 +34,8 @@ from urllib.parse import urlencode, urlsplit
 
 import grpc
 import jinja2
+import psycopg
+import psycopg_pool
 from aiohttp import web
 
 from .. import auth
@@ -278,7 +280,7 @@ class Console:
                      ) -> web.StreamResponse:
         csrf = request.cookies.get(CSRF_COOKIE) or ""
         fresh_csrf = "" if len(csrf) >= 32 else secrets.token_urlsafe(32)
-        request["csrf"] = csrf or fresh_csrf
+        request["csrf"] = fresh_csrf or csrf  # a short (not ours) cookie is replaced: the forms carry the new one
         token, from_header = self.access.token_of(request)
         request["token"], request["from_header"] = token, from_header
         request["signed_in"] = self.access.enabled and token is not None
@@ -293,7 +295,11 @@ class Console:
                     if status == 401 and request.method == "GET" and not from_header:
                         raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
                     raise self._error(request, status, why)
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
+                log.warning("%s: database unavailable: %s", request.path, e)
+                raise self._error(request, 503, "the database is unavailable; try again in a moment") from None
         except web.HTTPException as e:
             _decorate(e, request, fresh_csrf)
             raise
@@ -306,7 +312,7 @@ class Console:
         if not request["from_header"]:
             sent = str(form.get("csrf", ""))
             cookie = request.cookies.get(CSRF_COOKIE, "")
-            if not cookie or not sent or not hmac.compare_digest(sent.encode(), cookie.encode()):
+            if len(cookie) < 32 or not sent or not hmac.compare_digest(sent.encode(), cookie.encode()):
                 raise self._error(request, 403, "refused: the form's CSRF token is missing or does not match this "
                                                 "browser's (reload the page and try again)")
         return {k: str(v) for k, v in form.items()}
@@ -553,7 +559,7 @@ class Console:
 
 _STATUS_EXC: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 404: web.HTTPNotFound,
-    409: web.HTTPConflict,
+    409: web.HTTPConflict, 503: web.HTTPServiceUnavailable,
 }
 _HTTP_OF = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
             grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ALREADY_EXISTS: 409}
