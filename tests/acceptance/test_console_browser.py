@@ -73,13 +73,25 @@ class Page:
     async def js(self, script: str, *args: Any) -> Any:
         return await self.call(self.drv.execute_script, script, *args)
 
-    async def click(self, css: str) -> None:
+    async def _on(self, css: str, act: Callable[[Any], Any]) -> None:
+        """`act(element)` once the element is there (the page may still be loading after a submit)."""
+        from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
         from selenium.webdriver.common.by import By
-        await self.call(lambda: self.drv.find_element(By.CSS_SELECTOR, css).click())
+
+        def attempt() -> bool:
+            try:
+                act(self.drv.find_element(By.CSS_SELECTOR, css))
+                return True
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        await self.wait(lambda: self.call(attempt), f"element {css}")
+
+    async def click(self, css: str) -> None:
+        await self._on(css, lambda e: e.click())
 
     async def type(self, css: str, text: str) -> None:
-        from selenium.webdriver.common.by import By
-        await self.call(lambda: self.drv.find_element(By.CSS_SELECTOR, css).send_keys(text))
+        await self._on(css, lambda e: e.send_keys(text))
 
     async def text(self, css: str) -> str:
         return await self.js("const e = document.querySelector(arguments[0]); return e ? e.textContent : null", css)
