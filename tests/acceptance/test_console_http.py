@@ -22,7 +22,7 @@ import pytest
 
 from cyclone_server.engine import Engine
 
-from console_helpers import (ADMIN_TOKEN, SUBMIT_TOKEN, WORKER_TOKEN, csrf_of, node_states,
+from console_helpers import (ADMIN_TOKEN, SUBMIT_TOKEN, WORKER_TOKEN, csrf_of, http_url, node_states,
                              start_console_server)
 from test_auth import certs  # noqa: F401  (the session fixture: a CA and a server certificate)
 
@@ -433,3 +433,11 @@ async def test_retry_all_reopens_a_failed_run_and_a_large_dag_is_listed_not_draw
     status, html = await get(http, f"{console}/runs/{run_id}")
     assert status == 200 and 'id="graph-too-large"' in html and "401 nodes" in html
     assert html.count('<tr data-node="') == 401
+
+
+async def test_cyclone_http_listen_from_the_environment(start_server: Callable[..., Any], db_url: str,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        http: aiohttp.ClientSession) -> None:
+    monkeypatch.setenv("CYCLONE_HTTP_LISTEN", "127.0.0.1:0")
+    srv = start_server(db_url)
+    assert (await get(http, http_url(srv) + "/healthz")) == (200, "ok\n")
