@@ -23,6 +23,7 @@
     });
   };
   var tick = function () {
+    if (document.hidden) { setTimeout(tick, every); return; }  // a background tab asks nothing
     fetch(url, {credentials: "same-origin", cache: "no-store", headers: {"Accept": "application/json"}})
       .then(function (r) {
         if (r.status === 404) { run.dataset.gone = "true"; throw new Error("gone"); }  // purged: stop
@@ -52,6 +53,7 @@
   var tables = document.querySelectorAll('table[data-refresh="true"][id]');
   if (!tables.length) return;
   var tick = function () {
+    if (document.hidden) { setTimeout(tick, 2000); return; }
     fetch(location.href, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.text(); })
       .then(function (html) {
