@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,10 +20,12 @@ from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, w
                                    workflows_pb2, workflows_pb2_grpc)
 from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 
+from . import auth
 from .background import Background
+from .console import Console, HttpServer, serve_console
 from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
 from .hub import WorkerHub
-from .metrics import Metrics, MetricsServer, parse_listen, serve_metrics
+from .metrics import Metrics, MetricsServer, parse_listen, scrape, serve_metrics
 from .migrate import migrate
 from .notify import Notifier
 from .handlers import CallGate, Registrar
@@ -74,6 +77,10 @@ class Settings:
     reuse_port: bool = False
     # "HOST:PORT" for GET /metrics (Prometheus text); None: no metrics endpoint.
     metrics_listen: str | None = None
+    # "HOST:PORT" for the web console, /metrics and /healthz over HTTP; None: no HTTP port.
+    http_listen: str | None = None
+    # (certificate chain, key) PEM files: the HTTP port serves HTTPS with them (--tls-cert/--tls-key).
+    http_tls: tuple[str, str] | None = None
     # From auth.server_security: the token interceptor (when tokens are configured) and
     # TLS / mTLS credentials (None: plaintext).
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
@@ -106,6 +113,7 @@ class CycloneServer:
         self.gate = CallGate()  # unary calls of Cyclone's services, answered at a graceful stop
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
+        self.http_server: HttpServer | None = None  # the console's HTTP port (--http-listen)
         self._started: list[str] = []
 
     async def start(self) -> str:
@@ -146,12 +154,15 @@ class CycloneServer:
         if s.metrics_listen:
             mhost, mport = parse_listen(s.metrics_listen)
             self.metrics_server = await serve_metrics(self.metrics, self.engine, mhost, mport)
+        if s.http_listen:
+            await self._serve_http(s.http_listen)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("cyclone-server listening on %s", self.address)
         if s.ready_file:
             write_ready_file(s.ready_file, self.address,
-                             self.metrics_server.address if self.metrics_server is not None else None)
+                             self.metrics_server.address if self.metrics_server is not None else None,
+                             **({"http_address": self.http_server.address} if self.http_server is not None else {}))
         return self.address
 
     def _grpc_server(self) -> grpc.aio.Server:
@@ -190,6 +201,25 @@ class CycloneServer:
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)),
             plain)
         return server
+
+    async def _serve_http(self, listen: str) -> None:
+        """The console, /metrics and /healthz on `listen`, on this event loop, reading through this engine."""
+        host, port = split_listen(listen)
+        assert self.engine is not None
+        tokens = next((i for i in self.settings.interceptors if isinstance(i, auth.TokenAuthInterceptor)), None)
+        console = Console(self.engine, tokens=tokens, metrics=self.scrape_metrics, server_id=self.settings.server_id,
+                          ready=lambda: self.http_server is not None and "server" in self._started
+                          and not self.gate.closing)
+        tls = None
+        if self.settings.http_tls is not None:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(*self.settings.http_tls)
+        self.http_server = await serve_console(console, host, port, reuse_port=self.settings.reuse_port,
+                                               ssl_context=tls)
+
+    async def scrape_metrics(self) -> tuple[bytes, str]:
+        """GET /metrics of the HTTP port: the Prometheus text exposition, and its content type."""
+        return await scrape(self.metrics, self.engine)
 
     def _export_metrics(self) -> None:
         """Counters live where the work happens (hub, background); the metrics mirror them per scrape."""
@@ -246,6 +276,9 @@ class CycloneServer:
             self.metrics_server = None
         if "scheduler" in self._started and self.scheduler is not None:
             await self.scheduler.stop()
+        if self.http_server is not None:
+            await self.http_server.close()
+            self.http_server = None
         if "background" in self._started and self.background is not None:
             await self.background.stop()
         if "server" in self._started and self.server is not None:

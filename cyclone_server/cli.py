@@ -21,6 +21,7 @@ from .errors import CycloneError
 
 DEFAULT_LISTEN = "127.0.0.1:7233"
 DISTRIBUTION = "cyclone-workflows"  # the name on PyPI (`cyclone` there is an unrelated web server)
+DEV_HTTP_LISTEN = "127.0.0.1:8233"  # `cyclone dev`'s web console
 
 
 def _positive(text: str) -> float:
@@ -57,6 +58,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="Postgres URL (env CYCLONE_DATABASE_URL); required")
     p.add_argument("--listen", type=_listen, default=os.environ.get("CYCLONE_LISTEN", DEFAULT_LISTEN),
                    help="HOST:PORT to serve gRPC on (env CYCLONE_LISTEN; port 0 = any free port)")
+    p.add_argument("--http-listen", type=_listen, default=os.environ.get("CYCLONE_HTTP_LISTEN"), metavar="HOST:PORT",
+                   help="serve the web console, /metrics and /healthz over HTTP on HOST:PORT "
+                        "(env CYCLONE_HTTP_LISTEN; port 0 = any free port; default: no HTTP port)")
     p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS",
                    help="how long a worker's lease lasts without a renewal")
     p.add_argument("--sweep-interval", type=_positive, default=1.0, metavar="SECONDS",
@@ -102,12 +106,20 @@ def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Setti
         interceptors, credentials = auth.server_security(args)
     except (auth.SecurityConfigError, OSError) as e:
         p.error(str(e))
+    if args.http_listen:  # the console acts on runs: the gRPC port's rule, and only tokens authenticate it
+        http_host = split_listen(args.http_listen)[0]
+        has_tokens = any(isinstance(i, auth.TokenAuthInterceptor) for i in interceptors)
+        if not (has_tokens or args.insecure_allow_no_auth or auth.is_loopback(http_host)):
+            p.error(f"--http-listen: refusing to serve the web console on {http_host} without tokens: anyone who "
+                    "reaches that address could cancel runs. Give --tokens-file (or CYCLONE_TOKENS), listen on "
+                    "127.0.0.1, or pass --insecure-allow-no-auth if a proxy in front of it authenticates callers.")
     return Settings(
         database_url=args.database_url, listen=args.listen, lease_ttl=args.lease_ttl,
         sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
-        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen,
+        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
+        http_tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
         interceptors=interceptors, credentials=credentials, reuse_port=args.reuse_port,
     )
 
@@ -172,8 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
     dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN, help="HOST:PORT to serve gRPC on")
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
-    dev.add_argument("--metrics-listen", type=_dev_metrics, default=f"127.0.0.1:{metrics.DEFAULT_METRICS_PORT}",
-                     metavar="HOST:PORT", help="serve Prometheus metrics here (default %(default)s; off: none)")
+    dev.add_argument("--http-listen", type=_listen, default=DEV_HTTP_LISTEN, metavar="HOST:PORT",
+                     help=f"the web console (default {DEV_HTTP_LISTEN})")
+    dev.add_argument("--metrics-listen", type=_dev_metrics, default=None, metavar="HOST:PORT",
+                     help="also serve Prometheus metrics on a port of their own (default: only at the web "
+                          "console's /metrics)")
     add_log_flag(dev)
     cli_ops.register(sub)
     args = p.parse_args(argv)
@@ -190,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         applied = migrate(args.database_url)
         print("applied: " + ", ".join(applied) if applied else "schema is up to date")
         return 0
-    return run_dev(args.data_dir, args.listen, worker=not args.no_worker, metrics_listen=args.metrics_listen)
+    return run_dev(args.data_dir, args.listen, worker=not args.no_worker, http_listen=args.http_listen,
+                   metrics_listen=args.metrics_listen)
 
 
 def _dev_metrics(text: str) -> str | None:
@@ -228,7 +244,8 @@ Look around: grpcurl -plaintext {address} list
 """
 
 
-def run_dev(data_dir: str, listen: str, *, worker: bool = True, metrics_listen: str | None = None) -> int:
+def run_dev(data_dir: str, listen: str, *, worker: bool = True, http_listen: str | None = DEV_HTTP_LISTEN,
+            metrics_listen: str | None = None) -> int:
     """`cyclone dev`: embedded Postgres + server + demo worker until Ctrl-C / SIGTERM / SIGHUP.
 
     It stops only the Postgres it owns (devguard's claim on the data dir): a second
@@ -240,10 +257,12 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True, metrics_listen: 
     from .listen import busy_message, port_in_use, split_host_port
 
     log = logging.getLogger("cyclone.dev")
-    host, port = split_host_port(listen, what="--listen")
-    if port_in_use(host, port):
-        print(f"cyclone dev: {busy_message(listen)}", file=sys.stderr)
-        return 1
+    for flag, address in (("--listen", listen), ("--http-listen", http_listen), ("--metrics-listen", metrics_listen)):
+        if address:
+            host, port = split_host_port(address, what=flag)
+            if port and port_in_use(host, port):
+                print(f"cyclone dev: {busy_message(address, flag)}", file=sys.stderr)
+                return 1
     try:
         devguard.claim(data_dir, listen)
     except devguard.DataDirBusy as e:
@@ -262,7 +281,7 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True, metrics_listen: 
         log.info("starting embedded Postgres in %s", data_dir)
         pg = start_embedded(data_dir)
         url = _dev_database(pg.url())
-        return asyncio.run(_dev(url, data_dir, listen, worker, metrics_listen))
+        return asyncio.run(_dev(url, data_dir, listen, worker, http_listen, metrics_listen))
     except KeyboardInterrupt:
         return 0
     except (OSError, RuntimeError, CycloneError, psycopg.Error) as e:
@@ -292,13 +311,15 @@ def _dev_database(admin_url: str) -> str:
     return make_conninfo(**{**conninfo_to_dict(admin_url), "dbname": "cyclone"})
 
 
-async def _dev(url: str, data_dir: str, listen: str, worker: bool, metrics_listen: str | None = None) -> int:
+async def _dev(url: str, data_dir: str, listen: str, worker: bool, http_listen: str | None = None,
+               metrics_listen: str | None = None) -> int:
     log = logging.getLogger("cyclone.dev")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
-    server = CycloneServer(Settings(database_url=url, listen=listen, metrics_listen=metrics_listen))
+    server = CycloneServer(Settings(database_url=url, listen=listen, http_listen=http_listen,
+                                    metrics_listen=metrics_listen))
     proc: asyncio.subprocess.Process | None = None
     try:
         address = await server.start()
@@ -311,6 +332,8 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, metrics_liste
                                                         preexec_fn=die_with_parent)
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
+        if server.http_server is not None:
+            print(f"Web console: {server.http_server.url}/\nMetrics: {server.http_server.url}/metrics\n", flush=True)
         if server.metrics_server is not None:
             print(f"Metrics: http://{server.metrics_server.address}/metrics\n", flush=True)
         await stop.wait()

@@ -164,6 +164,16 @@ def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
 
 
+def _id_range(prefix: str) -> dict[str, uuid.UUID | None]:
+    """The ids starting with `prefix` (hex digits, dashes ignored) as a range: uuids order as their bytes."""
+    digits = prefix.replace("-", "").lower()
+    if not digits:
+        return {"id_min": None, "id_max": None}
+    if len(digits) > 32 or not all(c in "0123456789abcdef" for c in digits):
+        raise InvalidArgument(f"id_prefix: {prefix!r} is not the beginning of a run id (hex digits and dashes)")
+    return {"id_min": uuid.UUID(digits.ljust(32, "0")), "id_max": uuid.UUID(digits.ljust(32, "f"))}
+
+
 def _seconds(td: float | timedelta | None) -> timedelta | None:
     if td is None:
         return None
@@ -569,14 +579,15 @@ class Engine:
                         created_after: datetime | None = None, created_before: datetime | None = None,
                         limit: int = 100, after: tuple[datetime, str] | None = None,
                         steps: bool = False, schedule: str | None = None,
-                        schedule_fire_at: datetime | None = None) -> list[dict[str, Any]]:
+                        schedule_fire_at: datetime | None = None, id_prefix: str = "") -> list[dict[str, Any]]:
+        """Newest first. `id_prefix`: only runs whose id starts with these hex digits (dashes ignored)."""
         for s in states:
             if s not in RUN_STATES:
                 raise InvalidArgument(f"states: {s!r} is not a run state")
         params = {"states": list(states), "workflow": workflow or None, "created_after": created_after,
                   "created_before": created_before, "after_created": after[0] if after else None,
                   "after_id": uuid.UUID(after[1]) if after else None, "limit": limit,
-                  "schedule": schedule or None, "schedule_fire_at": schedule_fire_at}
+                  "schedule": schedule or None, "schedule_fire_at": schedule_fire_at, **_id_range(id_prefix)}
         if not steps:
             return await self._all("runs_list", **params)
         async with self._snapshot() as issue:

@@ -130,6 +130,7 @@ SELECT * FROM cyclone_runs
    AND (%(workflow)s::text IS NULL OR workflow_name = %(workflow)s)
    AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
    AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+   AND (%(id_min)s::uuid IS NULL OR id BETWEEN %(id_min)s AND %(id_max)s)
    AND (%(after_id)s::uuid IS NULL OR (created_at, id) < (%(after_created)s, %(after_id)s))
    AND (%(schedule)s::text IS NULL OR schedule_name = %(schedule)s)
    AND (%(schedule_fire_at)s::timestamptz IS NULL OR schedule_fire_at = %(schedule_fire_at)s)

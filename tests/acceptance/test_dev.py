@@ -52,7 +52,7 @@ class Dev:
         self.data_dir, self.address, self.log = data_dir, f"127.0.0.1:{port}", log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-c", ENTRY, "dev", "--data-dir", str(data_dir),
-                                          "--listen", self.address, *extra],
+                                          "--listen", self.address, "--http-listen", "127.0.0.1:0", *extra],
                                          stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def text(self) -> str:

@@ -1,0 +1,643 @@
+"""The console's HTTP application (aiohttp, on the server's own event loop): pages, actions, /healthz, /metrics.
+
+Every read and every action goes through the server's Engine, the same calls the gRPC
+services make (engine.get_run, list_runs, list_workflows, stats, cancel_run, ...): the
+console has no path of its own to the state. Pages are Jinja2 templates with autoescape on;
+the run page polls its own fragments once a second while the run is not terminal.
+
+Security (see docs/console.md):
+- With tokens configured, every page but /login, /healthz, /metrics and /static needs a
+  token, from the sign-in form (kept in an HTTP-only, SameSite=Strict cookie, Secure over
+  HTTPS) or an `Authorization: Bearer` header. Reading needs a token that may call
+  Runs/GetRun (role submit or admin), acting one that may call Runs/CancelRun (admin): the
+  same TokenAuthInterceptor as the gRPC port decides.
+- Every POST carries a CSRF token equal to the browser's `cyclone_csrf` cookie (double
+  submit; the cookie is SameSite=Strict and HTTP-only), and a request whose Origin is
+  another site is refused. A request authenticated by its Authorization header carries no
+  cookie and needs no CSRF token.
+- Without tokens the server refuses to serve the console on a non-loopback address (cli.py).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import grpc
+import jinja2
+import psycopg
+import psycopg_pool
+from aiohttp import web
+
+from .. import auth
+from ..engine import RUN_STATES, TERMINAL_RUN_STATES, Engine
+from ..convert import kind_without_workers
+from ..errors import CycloneError, InvalidArgument, NotFound
+from . import graph
+
+log = logging.getLogger("cyclone.console")
+
+HERE = Path(__file__).parent
+TOKEN_COOKIE = "cyclone_token"
+CSRF_COOKIE = "cyclone_csrf"
+READ_METHOD = "/cyclone.v1.Runs/GetRun"  # a token that may call it may read the console
+ACT_METHOD = "/cyclone.v1.Runs/CancelRun"  # a token that may call it (admin) may act
+OPEN_PATHS = ("/login", "/healthz", "/metrics", "/static/")
+PAGE_SIZE = 50
+POLL_MS = 1000
+MAX_DRAWN_NODES = 400  # a larger DAG is listed in the step table, not drawn
+MAX_SHOWN_JSON = 20_000  # characters of an input, output or result shown inline
+ACTIONS = {
+    "cancel": "Cancel run",
+    "pause": "Pause run",
+    "resume": "Resume run",
+    "retry-all": "Retry all discarded steps",
+    "retry-step": "Retry step",
+    "signal": "Send signal",
+}
+ACTION_HELP = {
+    "cancel": "Cancels every step that has not finished; running steps' results will be refused.",
+    "pause": "No new step starts until the run is resumed; running steps may finish.",
+    "resume": "Steps become claimable again and the run's timers continue.",
+    "retry-all": "Every discarded step (and the steps cancelled because of it) runs again.",
+    "retry-step": "This discarded step (and the steps cancelled because of it) runs again.",
+    "signal": "Writes the signal to the run's mailbox; the oldest signal node waiting for that name takes it.",
+}
+
+MetricsRender = Callable[[], Awaitable[tuple[bytes, str]]]
+Ready = Callable[[], bool]
+
+
+# -- formatting ----------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_seconds(value: float | timedelta | None) -> str:
+    """1.23 s, 4 m 05 s, 2 h 03 m, 3 d 4 h."""
+    if value is None:
+        return ""
+    s = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if s < 60:
+        return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m} m {sec:02d} s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h} h {m:02d} m"
+    d, h = divmod(h, 24)
+    return f"{d} d {h} h"
+
+
+def fmt_json(value: Any) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
+    if len(text) > MAX_SHOWN_JSON:
+        return text[:MAX_SHOWN_JSON] + f"\n... [{len(text) - MAX_SHOWN_JSON} more characters]"
+    return text
+
+
+def run_summary(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """What the runs table and the run page's header show of a run."""
+    steps = run.get("steps") or []
+    done = sum(1 for s in steps if s["state"] == "completed")
+    end = run.get("finished_at") or now
+    return {
+        "id": str(run["id"]), "state": run["state"],
+        "workflow": run.get("workflow_name") or "", "version": run.get("workflow_version") or 0,
+        "job_kind": steps[0]["kind"] if not run.get("workflow_name") and steps else "",
+        "done": done, "total": len(steps), "age": fmt_seconds(now - run["created_at"]),
+        "duration": fmt_seconds(end - run["created_at"]), "created": fmt_time(run["created_at"]),
+        "finished": fmt_time(run.get("finished_at")), "terminal": run["state"] in TERMINAL_RUN_STATES,
+        "parent": str(run["parent_run_id"]) if run.get("parent_run_id") else "",
+        "deadline": fmt_time(run.get("deadline_at")), "priority": run.get("priority", 0),
+    }
+
+
+def step_view(s: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    started, finished = s.get("started_at"), s.get("finished_at")
+    return {
+        "node": s["node"], "kind": s["kind"], "type": s["type"], "state": s["state"],
+        "attempt": s["attempt"], "max_attempts": s["max_attempts"], "reclaims": s["reclaims"],
+        "max_reclaims": s["max_reclaims"], "snoozes": s["snoozes"],
+        "created": fmt_time(s.get("created_at")), "started": fmt_time(started), "finished": fmt_time(finished),
+        "duration": fmt_seconds((finished or now) - started) if started else "",
+        "lease_owner": s.get("lease_owner") or "", "lease_expiry": fmt_time(s.get("lease_expiry"))
+        if s["state"] == "running" else "",
+        "output": fmt_json(s["output"]) if s.get("output") is not None else "",
+        "errors": [{"attempt": e.get("attempt"), "error_kind": e.get("error_kind") or "",
+                    "message": e.get("message") or "", "details": e.get("details") or "",
+                    "at": str(e.get("at") or "")[:19].replace("T", " ")}
+                   for e in (s.get("errors") or [])],
+        "reason": s.get("reason") or "", "error_kind": s.get("error_kind") or "",
+        "cancel_cause": s.get("cancel_cause") or "",
+        "child_run": str(s["child_run_id"]) if s.get("child_run_id") else "",
+        "retryable": s["state"] == "discarded",
+    }
+
+
+def timeline(run: Mapping[str, Any], now: datetime) -> list[dict[str, Any]]:
+    """Per step, its bar from start to end as percentages of the run's span (created .. finished or now)."""
+    start = run["created_at"]
+    end = run.get("finished_at") or now
+    span = max((end - start).total_seconds(), 1e-3)
+    bars = []
+    for s in run.get("steps") or []:
+        if not s.get("started_at"):
+            continue
+        a = (s["started_at"] - start).total_seconds()
+        b = ((s.get("finished_at") or now) - start).total_seconds()
+        left = min(max(a / span * 100, 0.0), 100.0)
+        width = min(max((b - a) / span * 100, 0.4), 100.0 - left)
+        bars.append({"node": s["node"], "state": s["state"], "left": f"{left:.2f}", "width": f"{width:.2f}",
+                     "started": fmt_time(s["started_at"]), "finished": fmt_time(s.get("finished_at")),
+                     "duration": fmt_seconds(b - a)})
+    return bars
+
+
+# -- security ------------------------------------------------------------------------
+
+
+class Access:
+    """Who the request is, by the same token table as the gRPC port (None: no tokens configured)."""
+
+    def __init__(self, tokens: auth.TokenAuthInterceptor | None) -> None:
+        self.tokens = tokens
+
+    @property
+    def enabled(self) -> bool:
+        return self.tokens is not None
+
+    @staticmethod
+    def token_of(request: web.Request) -> tuple[str | None, bool]:
+        """(token, from_header)."""
+        header = auth.bearer_token([("authorization", request.headers.get("Authorization", ""))])
+        if header:
+            return header, True
+        return request.cookies.get(TOKEN_COOKIE) or None, False
+
+    def refusal(self, token: str | None, method: str) -> tuple[int, str] | None:
+        """None when `token` may call `method`, else (HTTP status, why)."""
+        if self.tokens is None:
+            return None
+        answer = self.tokens.check(method, auth.bearer_metadata(token) if token else ())
+        if answer is None:
+            return None
+        code, message = answer
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            needs = "admin" if method == ACT_METHOD else "submit or admin"
+            return 403, f"this token may not do that: it needs the role {needs} ({message})"
+        return 401, "sign in with a token" if token is None else "the token is not known to this server"
+
+
+def _same_origin(request: web.Request) -> bool:
+    """False when the browser says the request comes from a page of another site."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True  # not a browser, or a same-origin request of an older browser: the CSRF token decides
+    return urlsplit(origin).netloc == request.host
+
+
+def _https(request: web.Request) -> bool:
+    """Whether the browser reached the console over HTTPS: directly, or through a TLS proxy that says so
+    (X-Forwarded-Proto). A client that lies about it only keeps its own cookies off plain HTTP."""
+    return request.secure or request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip() == "https"
+
+
+def _decorate(response: web.StreamResponse, request: web.Request, fresh_csrf: str) -> None:
+    """The CSRF cookie (on a browser's first visit) and the security headers of every answer."""
+    if fresh_csrf:
+        response.set_cookie(CSRF_COOKIE, fresh_csrf, httponly=True, samesite="Strict", path="/",
+                            secure=_https(request))
+    h = response.headers
+    h.setdefault("X-Content-Type-Options", "nosniff")
+    h.setdefault("X-Frame-Options", "DENY")
+    h.setdefault("Referrer-Policy", "same-origin")
+    h.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                                           "script-src 'self'; frame-ancestors 'none'; form-action 'self'")
+
+
+def _safe_next(target: str | None) -> str:
+    """A local path to go to after sign-in (never another site)."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/runs"
+    return target
+
+
+# -- the application -----------------------------------------------------------------
+
+
+class Console:
+    """Routes and handlers; `app` is the aiohttp application."""
+
+    def __init__(self, engine: Engine, *, tokens: auth.TokenAuthInterceptor | None = None,
+                 metrics: MetricsRender | None = None, ready: Ready | None = None, server_id: str = "") -> None:
+        self.engine = engine
+        self.access = Access(tokens)
+        self.metrics = metrics
+        self.ready = ready or (lambda: True)
+        self.server_id = server_id
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
+                                      autoescape=True, undefined=jinja2.StrictUndefined,
+                                      trim_blocks=True, lstrip_blocks=True)
+        self.app = web.Application(middlewares=[self._guard], client_max_size=2 * 1024 * 1024)
+        r = self.app.router
+        r.add_get("/", self.index)
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/metrics", self.metrics_page)
+        r.add_get("/login", self.login_form)
+        r.add_post("/login", self.login)
+        r.add_post("/logout", self.logout)
+        r.add_get("/runs", self.runs)
+        r.add_get("/runs/{run_id}", self.run)
+        r.add_get("/runs/{run_id}/live", self.run_live)
+        r.add_post("/runs/{run_id}/actions/{action}", self.action)
+        r.add_get("/workflows", self.workflows)
+        r.add_get("/workflows/{name}", self.workflow)
+        r.add_get("/workers", self.workers)
+        r.add_static("/static/", HERE / "static")
+
+    # -- middleware: authentication and CSRF ------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                     ) -> web.StreamResponse:
+        csrf = request.cookies.get(CSRF_COOKIE) or ""
+        fresh_csrf = "" if len(csrf) >= 32 else secrets.token_urlsafe(32)
+        request["csrf"] = fresh_csrf or csrf  # a short (not ours) cookie is replaced: the forms carry the new one
+        token, from_header = self.access.token_of(request)
+        request["token"], request["from_header"] = token, from_header
+        request["signed_in"] = self.access.enabled and token is not None
+        try:
+            if request.method == "POST" and not from_header and not _same_origin(request):
+                raise self._error(request, 403, "refused: this form was sent from another site (Origin "
+                                                f"{request.headers.get('Origin')}), a cross-site request forgery")
+            if not request.path.startswith(OPEN_PATHS) and request.path != "/":
+                refusal = self.access.refusal(token, READ_METHOD)
+                if refusal is not None:
+                    status, why = refusal
+                    if status == 401 and request.method == "GET" and not from_header:
+                        raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
+                    raise self._error(request, status, why)
+            try:
+                response = await handler(request)
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
+                log.warning("%s: database unavailable: %s", request.path, e)
+                raise self._error(request, 503, "the database is unavailable; try again in a moment") from None
+        except web.HTTPException as e:
+            _decorate(e, request, fresh_csrf)
+            raise
+        _decorate(response, request, fresh_csrf)
+        return response
+
+    async def _form(self, request: web.Request) -> Mapping[str, str]:
+        """The POSTed form, after its CSRF token matched the cookie (else 403)."""
+        form = await request.post()
+        if not request["from_header"]:
+            sent = str(form.get("csrf", ""))
+            cookie = request.cookies.get(CSRF_COOKIE, "")
+            if len(cookie) < 32 or not sent or not hmac.compare_digest(sent.encode(), cookie.encode()):
+                raise self._error(request, 403, "refused: the form's CSRF token is missing or does not match this "
+                                                "browser's (reload the page and try again)")
+        return {k: str(v) for k, v in form.items()}
+
+    # -- rendering ------------------------------------------------------------------
+
+    def render(self, request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+        body = self.env.get_template(template).render(
+            csrf=request["csrf"], auth_enabled=self.access.enabled, signed_in=request["signed_in"],
+            max_drawn=MAX_DRAWN_NODES,
+            path=request.path, server_id=self.server_id, **context)
+        return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+    def _error(self, request: web.Request, status: int, message: str) -> web.HTTPException:
+        page = self.render(request, "error.html", status=status, title=f"{status}", message=message)
+        return _STATUS_EXC.get(status, web.HTTPInternalServerError)(text=page.text, content_type="text/html")
+
+    def _act_refusal(self, request: web.Request) -> str | None:
+        refusal = self.access.refusal(request["token"], ACT_METHOD)
+        return refusal[1] if refusal else None
+
+    # -- plain endpoints ------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.StreamResponse:
+        raise web.HTTPSeeOther("/runs")
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        if not self.ready():
+            return web.Response(text="stopping\n", status=503)
+        return web.Response(text="ok\n")
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        if self.metrics is None:
+            raise web.HTTPNotFound(text="metrics are not served here\n")
+        body, content_type = await self.metrics()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    # -- sign-in ----------------------------------------------------------------------
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        return self.render(request, "login.html", title="Sign in", next=_safe_next(request.query.get("next")),
+                           message="")
+
+    async def login(self, request: web.Request) -> web.StreamResponse:
+        form = await self._form(request)
+        token, target = form.get("token", "").strip(), _safe_next(form.get("next"))
+        if not self.access.enabled:
+            raise web.HTTPSeeOther(target)
+        refusal = self.access.refusal(token or None, READ_METHOD)
+        if refusal is not None:
+            return self.render(request, "login.html", status=refusal[0], title="Sign in", next=target,
+                               message="That token is not known to this server." if refusal[0] == 401
+                               else "That token may not read the console (it needs the role submit or admin).")
+        resp = web.HTTPSeeOther(target)
+        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/", secure=_https(request))
+        return resp
+
+    async def logout(self, request: web.Request) -> web.StreamResponse:
+        await self._form(request)
+        resp = web.HTTPSeeOther("/login")
+        resp.del_cookie(TOKEN_COOKIE, path="/")
+        return resp
+
+    # -- runs -------------------------------------------------------------------------
+
+    async def runs(self, request: web.Request) -> web.Response:
+        q = request.query
+        state = q.get("state", "")
+        workflow = q.get("workflow", "").strip()
+        id_prefix = q.get("id", "").strip()
+        error = ""
+        try:
+            if state and state not in RUN_STATES:
+                raise InvalidArgument(f"state: {state!r} is not a run state")
+            created_after, created_before = _when(q.get("from", ""), "from"), _when(q.get("to", ""), "to")
+            after = _cursor(q.get("after", ""))
+            rows = await self.engine.list_runs(states=[state] if state else [], workflow=workflow or None,
+                                               created_after=created_after, created_before=created_before,
+                                               limit=PAGE_SIZE + 1, after=after, steps=True, id_prefix=id_prefix)
+        except CycloneError as e:
+            rows, error = [], e.message
+        now = _now()
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        filters = {k: q[k] for k in ("state", "workflow", "from", "to", "id") if q.get(k)}
+        next_url = ""
+        if more:
+            last = rows[-1]
+            next_url = "/runs?" + urlencode({**filters, "after": f"{last['created_at'].isoformat()}|{last['id']}"})
+        names = sorted({w["name"] for w in await self.engine.list_workflows()})
+        return self.render(request, "runs.html", title="Runs", runs=[run_summary(r, now) for r in rows],
+                           states=RUN_STATES, filters=filters, q=q, error=error, next_url=next_url,
+                           first_url="/runs?" + urlencode(filters) if q.get("after") else "",
+                           workflow_names=names, page_size=PAGE_SIZE)
+
+    async def _load_run(self, request: web.Request) -> dict[str, Any]:
+        run_id = request.match_info["run_id"]
+        try:
+            return await self.engine.get_run(run_id)
+        except (InvalidArgument, NotFound) as e:
+            raise self._error(request, 404, e.message) from None
+
+    def _run_context(self, request: web.Request, run: dict[str, Any], notice: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+        now = _now()
+        summary = run_summary(run, now)
+        title = summary["workflow"] or summary["job_kind"] or "run"
+        return {"title": f"{title} {summary['id']}", "run": summary, "run_title": title,
+                "graph": graph.svg(graph.from_steps(run["steps"]), title=f"run {summary['id']}")
+                if len(run["steps"]) <= MAX_DRAWN_NODES else "",
+                "steps": [step_view(s, now) for s in run["steps"]], "bars": timeline(run, now),
+                "input": fmt_json(run.get("input")), "result": fmt_json(run["result"])
+                if run.get("result") is not None else "",
+                "notice": notice, "can_act": self._act_refusal(request) is None, "poll_ms": POLL_MS,
+                "actions": ACTIONS}
+
+    async def run(self, request: web.Request) -> web.Response:
+        run = await self._load_run(request)
+        return self.render(request, "run.html", **self._run_context(request, run))
+
+    async def run_live(self, request: web.Request) -> web.Response:
+        """The run page's parts, rendered again: the page's script swaps them in once a second."""
+        run = await self._load_run(request)
+        ctx = self._run_context(request, run)
+        env_globals = {"csrf": request["csrf"], "auth_enabled": self.access.enabled, "max_drawn": MAX_DRAWN_NODES,
+                       "signed_in": request["signed_in"], "path": request.path, "server_id": self.server_id}
+        parts = {name: self.env.get_template(f"_run_{name}.html").render(**env_globals, **ctx)
+                 for name in ("summary", "actions", "graph", "steps", "timeline", "io")
+                 if name != "actions" or ctx["can_act"]}
+        return web.json_response({"state": run["state"], "terminal": ctx["run"]["terminal"], "parts": parts},
+                                 headers={"Cache-Control": "no-store"})
+
+    async def action(self, request: web.Request) -> web.Response:
+        form = await self._form(request)
+        action = request.match_info["action"]
+        run_id = request.match_info["run_id"]
+        if action not in ACTIONS:
+            raise self._error(request, 404, f"no action {action!r}")
+        refusal = self._act_refusal(request)
+        if refusal is not None:
+            raise self._error(request, 403, refusal)
+        run = await self._load_run(request)
+        fields = {k: form.get(k, "") for k in ("node", "name", "payload")}
+        if action == "signal" and form.get("confirm") != "yes":
+            try:
+                _payload(fields["payload"])
+            except InvalidArgument as e:  # refused before the confirmation: nothing to confirm
+                notice = {"ok": False, "text": f"{ACTIONS[action]}: refused by the server (INVALID_ARGUMENT): "
+                                               f"{e.message}"}
+                return self.render(request, "run.html", status=400, **self._run_context(request, run, notice))
+        if form.get("confirm") != "yes":
+            return self.render(request, "confirm.html", title=ACTIONS[action], action=action,
+                               label=ACTIONS[action], help=ACTION_HELP[action], run=run_summary(run, _now()),
+                               fields=fields)
+        status, notice = 200, await self._perform(action, run_id, fields)
+        if not notice["ok"]:
+            status = notice.pop("http_status")
+        try:
+            run = await self.engine.get_run(run_id)
+        except NotFound:
+            raise self._error(request, 404, f"{notice['text']} (the run is gone now)") from None
+        return self.render(request, "run.html", status=status, **self._run_context(request, run, notice))
+
+    async def _perform(self, action: str, run_id: str, fields: Mapping[str, str]) -> dict[str, Any]:
+        """Do the action through the engine; the server's answer in words."""
+        label = ACTIONS[action]
+        try:
+            if action == "signal":
+                payload = _payload(fields.get("payload", ""))
+                signal_id, consumed_by = await self.engine.signal(run_id, fields.get("name", "").strip(), payload)
+                taken = "taken at once by a waiting signal node" if consumed_by else \
+                    "kept in the run's mailbox until a signal node waits for it"
+                return {"ok": True, "applied": True,
+                        "text": f"{label}: signal {fields.get('name', '').strip()!r} delivered (id {signal_id}), {taken}."}
+            if action == "cancel":
+                applied = await self.engine.cancel_run(run_id)
+            elif action == "pause":
+                applied = await self.engine.pause_run(run_id)
+            elif action == "resume":
+                applied = await self.engine.resume_run(run_id)
+            elif action == "retry-all":
+                applied = await self.engine.retry(run_id, None)
+            else:
+                node = fields.get("node", "").strip()
+                if not node:
+                    raise InvalidArgument("node: required")
+                applied = await self.engine.retry(run_id, node)
+        except CycloneError as e:
+            code = e.status.name if isinstance(e.status, grpc.StatusCode) else str(e.status)
+            return {"ok": False, "http_status": _HTTP_OF.get(e.status, 500),
+                    "text": f"{label}: refused by the server ({code}): {e.message}"}
+        run = await self.engine.get_run(run_id, steps=False)
+        state = run["state"]
+        if applied:
+            return {"ok": True, "applied": True, "text": f"{label}: done. The run is now {state}."}
+        return {"ok": True, "applied": False,
+                "text": f"{label}: nothing to do, the server left the run as it was ({state})."}
+
+    # -- workflows and workers -------------------------------------------------------
+
+    async def workflows(self, request: web.Request) -> web.Response:
+        rows = await self.engine.list_workflows(all_versions=True)
+        latest: dict[str, dict[str, Any]] = {}
+        versions: dict[str, list[int]] = {}
+        for row in rows:
+            versions.setdefault(row["name"], []).append(row["version"])
+            if row["version"] >= latest.get(row["name"], {"version": 0})["version"]:
+                latest[row["name"]] = row
+        items = []
+        for name in sorted(latest):
+            row = latest[name]
+            nodes = row["definition"]["nodes"]
+            items.append({"name": name, "version": row["version"], "versions": sorted(versions[name], reverse=True),
+                          "nodes": len(nodes), "created": fmt_time(row["created_at"]),
+                          "graph": graph.svg(graph.from_definition(nodes), title=f"workflow {name}")
+                          if len(nodes) <= MAX_DRAWN_NODES else ""})
+        return self.render(request, "workflows.html", title="Workflows", workflows=items)
+
+    async def workflow(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        try:
+            version = int(request.query.get("version", "0") or 0)
+            row = await self.engine.get_workflow(name, version)
+        except ValueError:
+            raise self._error(request, 400, "version: not a number") from None
+        except CycloneError as e:
+            raise self._error(request, 404, e.message) from None
+        versions = sorted((w["version"] for w in await self.engine.list_workflows(all_versions=True)
+                           if w["name"] == name), reverse=True)
+        nodes = row["definition"]["nodes"]
+        return self.render(request, "workflow.html", title=f"Workflow {name}", name=name, version=row["version"],
+                           versions=versions, created=fmt_time(row["created_at"]), nodes=nodes,
+                           graph=graph.svg(graph.from_definition(nodes), title=f"workflow {name}")
+                           if len(nodes) <= MAX_DRAWN_NODES else "",
+                           definition=fmt_json(row["definition"]))
+
+    async def workers(self, request: web.Request) -> web.Response:
+        # "stalled": steps wait to be claimed and no connected worker (of any server) runs the kind.
+        kinds = [{"kind": k["kind"], "available": k["available"], "scheduled": k.get("scheduled", 0),
+                  "running": k["running"], "oldest": fmt_seconds(k["oldest_available_age"]),
+                  "workers": k.get("workers", 0), "free_slots": k.get("free_slots", 0),
+                  "stalled": kind_without_workers(k)}
+                 for k in await self.engine.stats()]
+        now = _now()
+        workers = [{**w, "kinds": ", ".join(w["kinds"]), "connected": fmt_time(w["connected_at"]),
+                    "heartbeat": fmt_seconds(max((now - w["heartbeat_at"]).total_seconds(), 0.0)) + " ago"}
+                   for w in await self.engine.list_workers()]
+        return self.render(request, "workers.html", title="Workers and backlog", kinds=kinds, workers=workers)
+
+
+_STATUS_EXC: dict[int, type[web.HTTPException]] = {
+    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 404: web.HTTPNotFound,
+    409: web.HTTPConflict, 503: web.HTTPServiceUnavailable,
+}
+_HTTP_OF = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+            grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ALREADY_EXISTS: 409}
+
+
+def _when(text: str, field: str) -> datetime | None:
+    """A time filter from the form: ISO 8601 (the datetime-local input), UTC when it names no zone."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(f"{field}: {text!r} is not a date and time (YYYY-MM-DDTHH:MM)") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _cursor(text: str) -> tuple[datetime, str] | None:
+    if not text:
+        return None
+    created, _, run_id = text.partition("|")
+    try:
+        return datetime.fromisoformat(created), str(uuid.UUID(run_id))
+    except ValueError:
+        raise InvalidArgument("after: not a page cursor of this console") from None
+
+
+def _payload(text: str) -> Any:
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(f"payload: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+class HttpServer:
+    """The console's site on HOST:PORT (port 0: any free port); `address` is the bound one."""
+
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, host: str, port: int, *, tls: bool = False) -> None:
+        self.runner, self.site, self.host, self.port, self.tls = runner, site, host, port, tls
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve_console(console: Console, host: str, port: int, *, reuse_port: bool = False,
+                        ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Start the console's site (HTTPS with `ssl_context`); `reuse_port` for `--processes N`, whose
+    processes share the port."""
+    runner = web.AppRunner(console.app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host.strip("[]"), port, reuse_address=True, reuse_port=reuse_port or None,
+                       ssl_context=ssl_context)
+    await site.start()
+    server = getattr(site, "_server", None)
+    bound = port
+    if server is not None and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    server_ = HttpServer(runner, site, host, bound, tls=ssl_context is not None)
+    log.info("console on %s/ (metrics at /metrics, health at /healthz)", server_.url)
+    return server_
+
+
+__all__ = ["Console", "HttpServer", "serve_console"]
