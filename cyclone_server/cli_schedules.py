@@ -242,7 +242,7 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offset", type=duration, default=0.0, help="shift of --every from the epoch grid")
     p.add_argument("--input", type=_json, help="run input as JSON (default null)")
     p.add_argument("--version", type=int, default=0, help="workflow version (default: the latest)")
-    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--priority", type=int, default=0, help="each run's priority (lower is claimed first)")
     p.add_argument("--max-attempts", type=int, help="job option (--job)")
     p.add_argument("--deadline-in", type=duration, help="each run's deadline after its start")
     p.add_argument("--overlap", choices=POLICIES, help="while a previous run is active (default skip)")
@@ -256,14 +256,17 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
              parents: Sequence[argparse.ArgumentParser]) -> None:
     """Add `schedules` with its commands; `parents` carry the connection options and --json."""
-    group = subparsers.add_parser("schedules", help="make, read and steer schedules").add_subparsers(
+    from .cli_ops import HelpFormatter
+
+    group = subparsers.add_parser("schedules", help="make, read and steer schedules",
+                                  formatter_class=HelpFormatter).add_subparsers(
         dest="schedules_command", required=True, metavar="COMMAND")
 
     def leaf(name: str, cmd: Command, help: str, *, named: bool = True) -> argparse.ArgumentParser:
-        p = group.add_parser(name, parents=list(parents), help=help, description=help)
+        p = group.add_parser(name, parents=list(parents), help=help, description=help, formatter_class=HelpFormatter)
         p.set_defaults(func=_runner(cmd))
         if named:
-            p.add_argument("name")
+            p.add_argument("name", help="the schedule's name")
         return p
 
     p = leaf("list", cmd_list, "schedules by name, with their next fire time and counters", named=False)
@@ -277,7 +280,7 @@ def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
     leaf("resume", _action("ResumeSchedule", lambda n: schedules_pb2.ResumeScheduleRequest(name=n)),
          "fire again, from the next fire time after now")
     p = leaf("runs", cmd_runs, "the schedule's runs, newest first")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help="how many runs")
     leaf("delete", cmd_delete, "delete a schedule (its runs stay)")
     p = leaf("trigger", cmd_trigger, "start the target now")
     p.add_argument("--overlap", choices=POLICIES, help="this trigger's policy (default: the schedule's)")

@@ -73,7 +73,7 @@ async def test_healthz_and_metrics_share_the_console_port(console: str, http: ai
         assert r.headers["Content-Type"].startswith("text/plain")
         text = await r.text()
     assert "# TYPE cyclone_claims_total counter" in text
-    assert re.search(r"^cyclone_connected_workers 0$", text, re.M)
+    assert re.search(r"^cyclone_connected_workers 0\.0$", text, re.M)
 
 
 async def test_runs_page_lists_runs_with_state_workflow_and_progress(console: str, http: aiohttp.ClientSession,
@@ -441,3 +441,32 @@ async def test_cyclone_http_listen_from_the_environment(start_server: Callable[.
     monkeypatch.setenv("CYCLONE_HTTP_LISTEN", "127.0.0.1:0")
     srv = start_server(db_url)
     assert (await get(http, http_url(srv) + "/healthz")) == (200, "ok\n")
+
+
+async def test_workers_page_lists_connected_workers_and_flags_kinds_no_worker_runs(
+        start_server: Callable[..., Any], db_url: str, tmp_path: Path, http: aiohttp.ClientSession,
+        engine: Engine) -> None:
+    import grpc
+
+    from test_stream import RawWorker
+    from waits_helpers import until
+
+    srv, console = start_console_server(start_server, db_url, tmp_path)
+    await engine.enqueue("resize")
+    await engine.enqueue("shoutt")  # a typo: no worker runs it
+    async with grpc.aio.insecure_channel(srv.address) as ch:
+        raw = RawWorker(ch, ["resize", "thumbnail"], 3, worker_id="console-sees-me")
+        try:
+            await raw.connect()
+
+            async def listed() -> bool:
+                return 'data-worker="console-sees-me"' in (await get(http, console + "/workers"))[1]
+            await until(listed, "the worker on the workers page")
+            status, html = await get(http, console + "/workers")
+            assert status == 200
+            row = re.search(r'<tr data-worker="console-sees-me">(.*?)</tr>', html, re.S)
+            assert row and "resize, thumbnail" in row.group(1) and "<td>3</td>" in row.group(1)
+            kinds = dict(re.findall(r'<tr data-kind="([^"]+)"( class="stalled")?>', html))
+            assert kinds == {"resize": "", "shoutt": ' class="stalled"'}
+        finally:
+            await raw.close()

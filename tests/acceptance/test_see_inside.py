@@ -177,7 +177,8 @@ async def test_a_failing_handlers_traceback_shows_in_get_run_and_cyclone_runs_ge
     got = cli(srv.address, "runs", "get", run_id)
     assert got.returncode == 0, got.stderr
     lines = got.stdout.splitlines()
-    assert "errors of charge (charge):" in lines and "  details of attempt 2:" in lines
+    assert "errors, every attempt:" in lines  # both attempts' messages, then the latest details
+    assert "details of charge attempt 2 (max_attempts):" in lines
     assert any(line.strip().startswith("File") and "in parse_amount" in line for line in lines)
 
     # The handler's own logging carries run, step and attempt (StepLogFilter); the worker
