@@ -5,8 +5,8 @@ the server calls them (`cyclone_steps_claim` of 64 steps, `cyclone_results_apply
 64 results), on a private embedded Postgres with durable commits and autovacuum off (so
 nothing but the bench writes WAL). Two workloads:
 
-- jobs: `--jobs` standalone jobs, committed and vacuumed first; then every one is claimed
-  (one phase), then every result applied (a second phase);
+- jobs: `--jobs` standalone jobs enqueued in one statement (a phase), then vacuumed; then
+  every one is claimed (a phase), then every result applied (a phase);
 - DAG runs: `--runs` runs of a 10-node workflow (a root, 8 in parallel, a join), claimed
   and completed 64 at a time until every run ended.
 
@@ -116,9 +116,10 @@ def apply(c: psycopg.Connection, leases: list[tuple]) -> Counter:
 def jobs(url: str, n: int) -> list[dict]:
     node = json.dumps(definitions.normalize_job(KIND, {}))
     with psycopg.connect(url, autocommit=True) as c:
-        c.execute(f"SELECT {MARK} count(*) FROM generate_series(1, %s) i, "
-                  "LATERAL cyclone_job_enqueue(%s::jsonb, jsonb_build_object('i', i), 0, NULL, NULL, NULL, NULL)",
-                  (n, node))
+        c.execute("SET pg_stat_statements.track = 'all'")
+        with Phase(c, "jobs: enqueue (one statement)") as p_enqueue:
+            c.execute("SELECT count(*) FROM generate_series(1, %s) i, LATERAL cyclone_job_enqueue(%s::jsonb, "
+                      "jsonb_build_object('i', i), 0, NULL, NULL, NULL, NULL)", (n, node))
         c.execute("VACUUM ANALYZE")
         c.execute("CHECKPOINT")
         c.execute("SET pg_stat_statements.track = 'all'")
@@ -131,7 +132,7 @@ def jobs(url: str, n: int) -> list[dict]:
             for i in range(0, len(held), BATCH):
                 statuses += apply(c, held[i:i + BATCH])
         assert statuses == Counter({"applied": n}), statuses
-        return [p_claim.row(n), p_done.row(n)]
+        return [p_enqueue.row(n), p_claim.row(n), p_done.row(n)]
 
 
 def dags(url: str, runs: int) -> list[dict]:

@@ -16,6 +16,7 @@ import pytest
 from engine_helpers import claim_one, fetch, fetch_one, run_row, start, states, step, task
 
 from cyclone_server.engine import Engine, Result
+from cyclone_server.queries import Q
 
 pytestmark = pytest.mark.statemachine
 
@@ -166,3 +167,38 @@ async def test_a_dag_batch_that_ends_a_child_run_settles_its_parent_node(engine:
     kid = await step(conn, run_id, "kid")
     assert (kid["state"], kid["output"]) == ("completed", {"c2": 2})
     assert (await step(conn, run_id, "after"))["state"] == "available"
+
+
+async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn) -> None:
+    """The dispatcher's next due time (steps_next_due) comes from the claim index: a loose
+    scan over the kind's priorities, then one probe each, whatever the backlog's size."""
+    await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
+                       "'running')")
+    # 30,000 claimable steps in three priorities, and two per priority due later.
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
+                                   max_reclaims, attempt_timeout, backoff_initial, backoff_max)
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'n' || i, 'k', 'task', 'available',
+               i % 3, now() - interval '1 min', 25, 5, '600s', '1s', '600s'
+          FROM generate_series(1, 30000) i""")
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
+                                   max_reclaims, attempt_timeout, backoff_initial, backoff_max)
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'later' || p || '.' || h, 'k', 'task',
+               'available', p, now() + make_interval(hours => h + p), 25, 5, '600s', '1s', '600s'
+          FROM generate_series(0, 2) p, generate_series(1, 2) h""")
+    await conn.execute("ANALYZE cyclone_steps")
+    due = await engine.next_due(["k", "other"])
+    assert due is not None and 3500 < due <= 3600  # the earliest: priority 0, in one hour
+    plan = (await fetch_one(conn, "EXPLAIN (FORMAT JSON) " + Q["steps_next_due"].replace("%(kinds)s", "%s"),
+                            ["k", "other"]))["QUERY PLAN"][0]["Plan"]
+    nodes = list(plan_nodes(plan))
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes), nodes
+    assert {n["Index Name"] for n in nodes if n.get("Index Name")} == {"cyclone_steps_claim"}
+
+
+def plan_nodes(plan: dict) -> list[dict]:
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out += plan_nodes(child)
+    return out
