@@ -26,8 +26,8 @@
 -- created and 4 when it ends (bench/rowcost.py counts them).
 --
 -- Each new index is built before the one it replaces is dropped. Building one reads its
--- whole table and blocks writes to it meanwhile (seconds for a million rows); the index of
--- running steps and the workflow index hold few rows, so they stay small.
+-- whole table and blocks writes to it meanwhile (seconds for a million rows). The index of
+-- running steps holds only the running steps, so it stays small.
 CREATE INDEX cyclone_steps_running ON cyclone_steps (least(lease_expiry, attempt_deadline)) INCLUDE (kind)
     WHERE state = 'running';
 DROP INDEX cyclone_steps_lease_expiry;
