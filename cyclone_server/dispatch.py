@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import grpc
 import psycopg
 
+from google.protobuf import struct_pb2
+
 from cyclone_proto import workers_pb2 as pb
 
 from . import tracing
-from .convert import duration_seconds, optional_value, py_to_value, to_timestamp
+from .convert import duration_seconds, optional_value, py_to_value
 from .definitions import MAX_SECONDS
 from .engine import Engine, Result, parse_id
 from .errors import CycloneError, InvalidArgument
@@ -103,14 +104,77 @@ class WorkerConn:
             self.end()
 
 
-def lease_message(row: dict[str, Any]) -> pb.Lease:
-    lease = pb.Lease(
-        run_id=str(row["run_id"]), step_id=str(row["step_id"]), node=row["node"], kind=row["kind"],
-        attempt=row["attempt"], max_attempts=row["max_attempts"], reclaims=row["reclaims"],
-        snoozes=row["snoozes"], lease_generation=row["lease_generation"], input=py_to_value(row["input"]),
-        parents=py_to_value(row["parents"] or {}).struct_value, lease_expiry=to_timestamp(row["lease_expiry"]))
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_NULL = struct_pb2.NULL_VALUE
+
+
+def _set_time(ts: Any, dt: datetime) -> None:
+    """`dt` into the Timestamp `ts`, exactly as Timestamp.FromDatetime would, by datetime
+    arithmetic (in C) rather than FromDatetime's calendar conversion in Python."""
+    d = (dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)) - _EPOCH
+    ts.seconds = d.days * 86400 + d.seconds
+    ts.nanos = d.microseconds * 1000
+
+
+def _fill(v: Any, obj: Any) -> None:
+    """A JSON value as read from Postgres into the Value `v`: convert.py_to_value's result,
+    with exact type checks in the order of how often they come (the input of every lease
+    goes through here)."""
+    t = type(obj)
+    if t is str:
+        v.string_value = obj
+    elif t is dict:
+        s = v.struct_value
+        if not obj:
+            s.SetInParent()
+        fields = s.fields
+        for key, item in obj.items():
+            _fill(fields[key if type(key) is str else str(key)], item)
+    elif t is int or t is float:
+        v.number_value = obj
+    elif obj is None:
+        v.null_value = _NULL
+    elif t is bool:
+        v.bool_value = obj
+    elif t is list:
+        lv = v.list_value
+        if not obj:
+            lv.SetInParent()
+        values = lv.values
+        for item in obj:
+            _fill(values.add(), item)
+    else:  # subclasses and anything else: the general conversion (which refuses non-JSON)
+        py_to_value(obj, v)
+
+
+def lease_message(row: dict[str, Any], lease: pb.Lease | None = None) -> pb.Lease:
+    """The Lease for a claimed row, filled into `lease` when given (an element added to the
+    outgoing Leases, so that nothing is built twice and copied). The input and the parents
+    are converted straight into the message's own fields, the times set field by field.
+    On the wire it is the same message as ever, field for field (`parents` is present,
+    empty, for a step without parents)."""
+    if lease is None:
+        lease = pb.Lease()
+    lease.run_id = str(row["run_id"])
+    lease.step_id = str(row["step_id"])
+    lease.node = row["node"]
+    lease.kind = row["kind"]
+    lease.attempt = row["attempt"]
+    lease.max_attempts = row["max_attempts"]
+    lease.reclaims = row["reclaims"]
+    lease.snoozes = row["snoozes"]
+    lease.lease_generation = row["lease_generation"]
+    _fill(lease.input, row["input"])
+    parents = row["parents"]
+    if parents:
+        fields = lease.parents.fields
+        for key, item in parents.items():
+            _fill(fields[key], item)
+    else:
+        lease.parents.SetInParent()
+    _set_time(lease.lease_expiry, row["lease_expiry"])
     if row["attempt_deadline"] is not None:
-        lease.attempt_deadline.CopyFrom(to_timestamp(row["attempt_deadline"]))
+        _set_time(lease.attempt_deadline, row["attempt_deadline"])
     if row["trace_context"]:
         lease.trace_context.CopyFrom(tracing.lease_context(row["trace_context"]))
     return lease
@@ -261,7 +325,11 @@ class Dispatcher:
                     attempt_deadline=row["attempt_deadline"], trace=tracing.step_claimed(row))
                 self.stats["claims"][row["kind"]] += 1
             # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
-            conn.send(pb.ServerMessage(leases=pb.Leases(leases=[lease_message(r) for r in rows])))
+            msg = pb.ServerMessage()
+            leases = msg.leases.leases
+            for row in rows:
+                lease_message(row, leases.add())
+            conn.send(msg)
             for row in rows:  # from claimable (scheduled_at) to pushed
                 for observe in self.latency_observers:
                     observe(row["waited"])
@@ -391,7 +459,8 @@ class ResultCommitter:
     def _acknowledge(self, batch: list[tuple[WorkerConn, Result, str]],
                      applied: list[tuple[Result, str]]) -> None:
         self.stats["result_batches"] += 1
-        acks: dict[WorkerConn, list[pb.ResultAck]] = collections.defaultdict(list)
+        # One ResultAcks per stream, each ack added in place (not built and then copied).
+        acks: dict[WorkerConn, pb.ServerMessage] = {}
         for (conn, _, wire_step_id), (r, status) in zip(batch, applied):
             key = (r.step_id, r.generation)
             held = conn.held.pop(key, None)  # the lease is over whatever the status: the slot frees
@@ -400,14 +469,19 @@ class ResultCommitter:
             if held is not None:
                 tracing.result_applied(held.trace, r.outcome, "invalid" if r.invalid is not None else status,
                                        r.message)
+            msg = acks.get(conn)
+            if msg is None:
+                msg = acks[conn] = pb.ServerMessage()
             if r.invalid is not None:
                 fate = "the attempt failed" if status in ("retried", "discarded") else f"the lease had {status}"
-                acks[conn].append(ack(wire_step_id, r.generation, "invalid", f"{r.invalid}; {fate}"))
+                msg.acks.acks.add(step_id=wire_step_id, lease_generation=r.generation,
+                                  status=ACK_OF_STATUS["invalid"], detail=f"{r.invalid}; {fate}")
             else:
-                acks[conn].append(ack(wire_step_id, r.generation, status))
-        for conn, items in acks.items():
-            conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=items)))
-            conn.unacked -= len(items)
+                msg.acks.acks.add(step_id=wire_step_id, lease_generation=r.generation,
+                                  status=ACK_OF_STATUS[status], detail=DETAIL_OF_STATUS[status])
+        for conn, msg in acks.items():
+            conn.send(msg)
+            conn.unacked -= len(msg.acks.acks)
             if conn.draining and conn.unacked == 0:
                 conn.end()
         self.on_applied()

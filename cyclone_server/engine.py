@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -148,6 +149,22 @@ def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
     if len(raw) <= limit:
         return text
     return raw[:limit].decode("utf-8", "ignore") + f"... [cut at {limit} of {len(raw)} bytes]"
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_job_node(kind: str, options: tuple[tuple[str, type, Any], ...]) -> dict[str, Any]:
+    return definitions.normalize_job(kind, {k: v for k, _, v in options})
+
+
+def _job_node(kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """definitions.normalize_job, remembered for the (kind, options) that jobs repeat. The
+    node is shared between the jobs that have it: nothing may change it."""
+    key = tuple((k, type(v), v) for k, v in sorted(options.items()))
+    try:
+        hash(key)
+    except TypeError:  # an option the cache cannot key: checked every time
+        return definitions.normalize_job(kind, options)
+    return _cached_job_node(kind, key)
 
 
 def request_hash(*fields: Any) -> str:
@@ -339,17 +356,21 @@ class Engine:
         """Check a job as far as Python can (InvalidArgument, naming the field); what the
         database needs to make it."""
         try:
-            node = definitions.normalize_job(job.kind, job.options)
+            node = _job_node(job.kind, job.options)
         except InvalidArgument as e:
             # The job's options are validated as its one node: name the request's field,
             # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'.
             message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
             raise InvalidArgument(message) from None
         size = check_payload(job.input, "input", self.max_payload_bytes)
-        fp = job.request_fingerprint if job.request_fingerprint is not None else (
-            job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
+        # The fingerprint matters only to a repeat of the same idempotency key.
+        fingerprint = None
+        if job.idempotency_key:
+            fp = job.request_fingerprint if job.request_fingerprint is not None else (
+                job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
+            fingerprint = request_hash("job", fp)
         return PreparedJob({"node": node, "input": job.input, "priority": job.priority,
-                            "idempotency_key": job.idempotency_key or None, "request_hash": request_hash("job", fp),
+                            "idempotency_key": job.idempotency_key or None, "request_hash": fingerprint,
                             "deadline": job.deadline, "scheduled_at": job.scheduled_at,
                             "trace_context": dict(job.trace_context) if job.trace_context else None}, size)
 

@@ -248,6 +248,21 @@ class LifecycleMachine(RuleBasedStateMachine):
     def complete(self, i: int, batch: bool) -> None:
         self._answer(pick(self.live_leases(), i), "complete", batch=batch)
 
+    @precondition(lambda self: len(self.live_leases()) >= 2)
+    @rule(picks=st.lists(st.integers(0, 99), min_size=2, max_size=6))
+    def complete_many(self, picks: list[int]) -> None:
+        """Several completions in one result batch, as a server group-commits them: the
+        set-based path of cyclone_results_apply (steps of the same run and of several runs
+        at once, promotions, runs ending) must do what completing them one by one does."""
+        live = self.live_leases()
+        chosen = list(dict.fromkeys(live[i % len(live)] for i in picks))
+        results, want = [], []
+        for run_id, node, gen in chosen:
+            results.append(Result(self.step_ids[(run_id, node)], gen, "completed", output={"gen": gen}))
+            want.append(self.model.complete(run_id, node, gen, {"gen": gen}))
+        got = [status for _, _, status in self.do(self.engine.apply_results(results))]
+        assert got == want, (chosen, got, want)
+
     @precondition(lambda self: self.live_leases())
     @rule(i=st.integers(0, 99), permanent=st.booleans(), batch=st.booleans())
     def fail(self, i: int, permanent: bool, batch: bool) -> None:

@@ -8,7 +8,7 @@
 --
 -- Plans: a fenced statement that finds its step by id compares the state with
 -- `(SELECT 'running'::text)`, not with the literal. With the literal, the planner may scan
--- a partial index of running steps (cyclone_steps_attempt_deadline, _lease_expiry) instead
+-- a partial index of running steps (cyclone_steps_running) instead
 -- of probing the primary key, as it does whenever the last ANALYZE saw no step running;
 -- every result then walks every running step. The sub-select's value is unknown when the
 -- plan is made, so no partial index of running steps qualifies.
@@ -240,9 +240,19 @@ END $$;
 -- Then the common case, a completion that ends a standalone job (its run's only step), is
 -- applied set-based: one UPDATE of the steps and one of their runs for the whole batch,
 -- with the same guards and effects as the per-result path (cyclone__step_complete:
--- running under this generation, output stored, run completed with {node: output}). Every
--- other result (failures, snoozes, steps of larger or child runs, oversized outputs, a lease
--- answered twice in the batch) goes through the per-result functions, in input order.
+-- running under this generation, output stored, run completed with {node: output}).
+--
+-- Then the completions of steps of larger runs (DAGs, child runs), set-based too, for the
+-- runs all of whose results in the batch are completions (one answer per lease, output
+-- within the limit): one UPDATE of their steps (fenced as above), the promotions of the
+-- pending steps they unblocked (task nodes in one UPDATE, wait nodes through
+-- cyclone__step_enter), and one UPDATE that completes the runs left with nothing
+-- non-terminal. The effects are those of cyclone__step_complete applied to each result in
+-- turn: the same steps complete, promote and end the same runs.
+--
+-- Every other result (failures, snoozes, oversized outputs, a lease answered twice, and
+-- every result of a run that has one of those in the batch) goes through the per-result
+-- functions, in input order within its run.
 --
 -- `ended_child_run`: set when this result ended a child run, whose parent node the caller
 -- settles in a new transaction once this one committed (cyclone_child_runs_settle).
@@ -257,6 +267,16 @@ DECLARE
     runs uuid[];
     locked uuid[];
     fast integer[];
+    dag integer[];
+    dag_steps uuid[];
+    dag_runs uuid[];
+    dag_children uuid[];
+    reported uuid;
+    cands uuid[];
+    tasks uuid[];
+    waits uuid[];
+    wait_runs uuid[];
+    n integer;
 BEGIN
     SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
       FROM jsonb_array_elements(p_results) e JOIN cyclone_steps s ON s.id = (e ->> 'step_id')::uuid;
@@ -297,6 +317,80 @@ BEGIN
         PERFORM pg_notify('cyclone_run_ended', '');
     END IF;
 
+    -- The completions of larger runs, for the runs whose every result here is one.
+    WITH e AS MATERIALIZED (
+        SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
+               e.v, count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
+          FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+         WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
+    ), j AS MATERIALIZED (
+        SELECT e.*, s.run_id FROM e JOIN cyclone_steps s ON s.id = e.sid
+         WHERE s.run_id = ANY (locked)
+    ), whole AS (
+        SELECT j.run_id FROM j GROUP BY j.run_id
+        HAVING bool_and(j.answers = 1 AND j.v ->> 'outcome' = 'completed'
+                        AND (j.v ->> 'output_bytes')::integer <= p_max_output_bytes)
+    ), done AS (
+        UPDATE cyclone_steps s
+           SET state = 'completed', output = COALESCE(j.v -> 'output', 'null'::jsonb), finished_at = now()
+          FROM j, whole, cyclone_runs r
+         WHERE s.id = j.sid AND j.run_id = whole.run_id AND s.run_id = j.run_id
+           AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
+           AND r.id = s.run_id AND r.state IN ('running', 'paused')
+        RETURNING s.id, s.run_id, j.i
+    )
+    SELECT array_agg(d.i), array_agg(d.id), array_agg(DISTINCT d.run_id) INTO dag, dag_steps, dag_runs
+      FROM done d;
+    IF dag IS NOT NULL THEN
+        -- Promotion (cyclone__promote after each of them): the pending dependents of the
+        -- completed steps whose deps are all completed now, in runs that are running (a
+        -- paused run keeps them pending until Resume). The dependents first, on their own,
+        -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep.
+        SELECT array_agg(DISTINCT a.step_id) INTO cands FROM cyclone_step_deps a WHERE a.dep_id = ANY (dag_steps);
+        IF cands IS NOT NULL THEN
+            SELECT array_agg(s.id) FILTER (WHERE s.type = 'task'),
+                   array_agg(s.id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task'),
+                   array_agg(s.run_id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task')
+              INTO tasks, waits, wait_runs
+              FROM cyclone_steps s
+             WHERE s.id = ANY (cands) AND s.state = 'pending'
+               AND EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'running')
+               AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+                                WHERE d.step_id = s.id AND p.state <> 'completed');
+            IF tasks IS NOT NULL THEN
+                -- What cyclone__step_enter does to a task node.
+                UPDATE cyclone_steps
+                   SET state = 'available', scheduled_at = now(), wait_started_at = NULL, timer_at = NULL,
+                       max_wait_at = NULL, timer_left = NULL, max_wait_left = NULL
+                 WHERE id = ANY (tasks) AND state = 'pending';
+                PERFORM cyclone__notify_available();
+            END IF;
+            FOR n IN 1 .. COALESCE(cardinality(waits), 0) LOOP
+                PERFORM cyclone__step_enter(wait_runs[n], waits[n]);
+            END LOOP;
+        END IF;
+        -- cyclone__run_settle for each affected run: completed once nothing non-terminal
+        -- remains (a separate statement, so that it sees the completions above).
+        WITH ended AS (
+            UPDATE cyclone_runs r
+               SET state = 'completed', finished_at = now(), updated_at = now(),
+                   paused_at = NULL, deadline_left = NULL, result = cyclone__run_result(r.id)
+             WHERE r.id = ANY (dag_runs) AND r.state IN ('running', 'paused')
+               AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = r.id
+                                  AND s.state NOT IN ('completed', 'discarded', 'cancelled'))
+            RETURNING r.id
+        )
+        SELECT count(*) INTO n FROM ended;
+        IF n > 0 THEN
+            PERFORM pg_notify('cyclone_run_ended', '');
+        END IF;
+        -- The child runs that ended here (here or in a wait node's promotion), for the caller
+        -- to settle their parent nodes.
+        SELECT array_agg(r.id) INTO dag_children FROM cyclone_runs r
+         WHERE r.id = ANY (dag_runs) AND r.parent_run_id IS NOT NULL
+           AND r.state IN ('completed', 'failed', 'cancelled');
+    END IF;
+
     FOR x IN
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                e.v AS e, s.run_id
@@ -310,6 +404,12 @@ BEGIN
         ended_child_run := NULL;
         IF x.i = ANY (COALESCE(fast, '{}')) THEN
             status := 'applied';
+        ELSIF x.i = ANY (COALESCE(dag, '{}')) THEN
+            status := 'applied';
+            IF x.run_id = ANY (COALESCE(dag_children, '{}')) AND x.run_id IS DISTINCT FROM reported THEN
+                ended_child_run := x.run_id;  -- once per run
+                reported := x.run_id;
+            END IF;
         ELSIF x.run_id IS NULL THEN
             status := 'unknown';
         ELSIF NOT x.run_id = ANY (locked) THEN
@@ -395,8 +495,11 @@ DECLARE
     run_state text;
 BEGIN
     FOR c IN
+        -- least(...) < now(): the range of cyclone_steps_running (migration 0009) that holds
+        -- every expired lease, whatever the attempt deadline.
         SELECT x.id, x.run_id, x.lease_generation AS gen FROM cyclone_steps x
-         WHERE x.state = 'running' AND x.lease_expiry < now()
+         WHERE x.state = 'running' AND least(x.lease_expiry, x.attempt_deadline) < now()
+           AND x.lease_expiry < now()
          ORDER BY x.run_id, x.id LIMIT p_limit
     LOOP
         SELECT r.state INTO run_state FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -459,8 +562,10 @@ DECLARE
     c record;
 BEGIN
     FOR c IN
+        -- As in cyclone_leases_sweep: the range of cyclone_steps_running, then the deadline.
         SELECT x.id, x.run_id, x.lease_generation AS gen, x.attempt_timeout FROM cyclone_steps x
-         WHERE x.state = 'running' AND x.attempt_deadline < now()
+         WHERE x.state = 'running' AND least(x.lease_expiry, x.attempt_deadline) < now()
+           AND x.attempt_deadline < now()
          ORDER BY x.run_id, x.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;

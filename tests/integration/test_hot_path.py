@@ -1,0 +1,204 @@
+"""The throughput work's invariants (migration 0009, the set-based results path):
+
+- a claim writes index entries only into the primary key, (run_id, node), active_run and
+  the index of running steps, and the sweeps find their steps through that index;
+- result batches of DAG steps are applied set-based with the guarantees of the per-result
+  path: fencing, refusals, the lock order against a concurrent cancel, promotions, runs
+  ending, and the child runs they end reported for their parent nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from engine_helpers import claim_one, fetch, fetch_one, run_row, start, states, step, task
+
+from cyclone_server.engine import Engine, Result
+from cyclone_server.queries import Q
+
+pytestmark = pytest.mark.statemachine
+
+
+async def test_a_running_step_has_entries_in_four_indexes_only(engine: Engine, conn) -> None:
+    """A claim is never a HOT update (`state` is in the partial indexes' predicates), so it
+    writes an entry into every index whose predicate holds for the running row: four."""
+    await engine.enqueue("job")
+    lease = await claim_one(engine, "job")
+    indexes = await fetch(conn, "SELECT c.relname AS name, pg_get_expr(i.indpred, i.indrelid) AS pred "
+                                "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                                "WHERE i.indrelid = 'cyclone_steps'::regclass")
+    holding = set()
+    for ix in indexes:
+        where = ix["pred"] or "true"
+        if (await fetch_one(conn, f"SELECT count(*) AS n FROM cyclone_steps WHERE id = %s AND ({where})",
+                            lease["step_id"]))["n"]:
+            holding.add(ix["name"])
+    assert holding == {"cyclone_steps_pkey", "cyclone_steps_run_id_node_key", "cyclone_steps_active_run",
+                       "cyclone_steps_running"}
+
+
+async def test_sweeps_find_their_steps_through_the_running_index(engine: Engine, conn) -> None:
+    # 20,000 finished steps the sweeps must not read, then three running ones: a lease
+    # expired, an attempt deadline passed, and one with neither.
+    await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
+                       "'completed')")
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims,
+                                   attempt_timeout, backoff_initial, backoff_max)
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'n' || i, 'old', 'task',
+               'completed', 25, 5, '600s', '1s', '600s'
+          FROM generate_series(1, 20000) i""")
+    ids = {}
+    for kind in ("expired", "overdue", "fine"):
+        await engine.enqueue(kind)
+        ids[kind] = (await claim_one(engine, kind, ttl=60))["step_id"]
+    await conn.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1s' WHERE id = %s",
+                       (ids["expired"],))
+    await conn.execute("UPDATE cyclone_steps SET attempt_deadline = now() - interval '1s' WHERE id = %s",
+                       (ids["overdue"],))
+    await conn.execute("ANALYZE cyclone_steps")
+    async with conn.transaction():
+        swept = await fetch(conn, "SELECT step_id, outcome FROM cyclone_leases_sweep(500)")
+        timed_out = await fetch(conn, "SELECT step_id, outcome FROM cyclone_attempts_timeout(500)")
+        # This transaction's own scan counters: no sequential scan of the steps table, and
+        # the index of running steps was read by both functions.
+        seq = await fetch_one(conn, "SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'cyclone_steps'")
+        idx = await fetch_one(conn, "SELECT pg_stat_get_xact_numscans('cyclone_steps_running'::regclass) "
+                                    "AS idx_scan")
+    assert [(r["step_id"], r["outcome"]) for r in swept] == [(ids["expired"], "reclaimed")]
+    assert [(r["step_id"], r["outcome"]) for r in timed_out] == [(ids["overdue"], "retried")]
+    assert seq["seq_scan"] == 0
+    assert idx["idx_scan"] >= 2
+    rows = {r["kind"]: r["state"] for r in await fetch(conn, "SELECT kind, state FROM cyclone_steps "
+                                                             "WHERE kind IN ('expired', 'overdue', 'fine')")}
+    assert rows == {"expired": "available", "overdue": "available", "fine": "running"}
+
+
+DIAMOND = [task("root"), *(task(f"m{i}", "root") for i in range(4)), task("join", *(f"m{i}" for i in range(4)))]
+
+
+async def claim_all(engine: Engine, kinds: list[str]) -> list[dict]:
+    return await engine.claim("w1", kinds, limit=100, lease_ttl=30)
+
+
+async def test_a_dag_batch_promotes_and_ends_the_run_like_one_result_at_a_time(engine: Engine, conn) -> None:
+    run_ids = [await start(engine, DIAMOND, input={"n": i}) for i in range(3)]
+    roots = await claim_all(engine, ["root"])
+    statuses = await engine.apply_results([Result(str(r["step_id"]), r["lease_generation"], "completed",
+                                                  output={"root": str(r["run_id"])}) for r in roots])
+    assert [s for _, _, s in statuses] == ["applied"] * 3
+    for run_id in run_ids:
+        assert await states(conn, run_id) == {"root": "completed", "m0": "available", "m1": "available",
+                                              "m2": "available", "m3": "available", "join": "pending"}
+    middles = await claim_all(engine, [f"m{i}" for i in range(4)])
+    assert len(middles) == 12
+    # All twelve in one batch, and a repeat of a root's result (its lease ended): the join
+    # of each run is promoted once, after its last middle step.
+    batch = [Result(str(m["step_id"]), m["lease_generation"], "completed", output=m["node"]) for m in middles]
+    batch.append(Result(str(roots[0]["step_id"]), roots[0]["lease_generation"], "completed", output=0))
+    statuses = [s for _, _, s in await engine.apply_results(batch)]
+    assert statuses == ["applied"] * 12 + ["ended"]
+    joins = await claim_all(engine, ["join"])
+    assert len(joins) == 3 and all(j["parents"] == {f"m{i}": f"m{i}" for i in range(4)} for j in joins)
+    statuses = [s for _, _, s in await engine.apply_results(
+        [Result(str(j["step_id"]), j["lease_generation"], "completed", output={"j": 1}) for j in joins])]
+    assert statuses == ["applied"] * 3
+    for run_id in run_ids:
+        run = await run_row(conn, run_id)
+        assert (run["state"], run["result"]) == ("completed", {"join": {"j": 1}})
+
+
+async def test_a_dag_batch_in_a_paused_run_promotes_nothing_until_resume(engine: Engine, conn) -> None:
+    run_id = await start(engine, DIAMOND)
+    root = await claim_one(engine, "root")
+    assert await engine.pause_run(run_id)
+    [(_, _, status)] = await engine.apply_results([Result(str(root["step_id"]), root["lease_generation"],
+                                                          "completed", output=1)])
+    assert status == "applied"
+    assert (await states(conn, run_id))["m0"] == "pending"
+    assert await engine.resume_run(run_id)
+    assert (await states(conn, run_id))["m0"] == "available"
+
+
+async def test_a_dag_batch_racing_a_cancel_keeps_the_lock_order(engine: Engine, conn, db_url: str) -> None:
+    """The batch locks its runs in id order, the first waiting and the others not: a run
+    whose cancel is in progress comes back busy, and once the cancel committed its results
+    are refused (the steps were cancelled under the same lease generation: ended)."""
+    first = await start(engine, DIAMOND, name="a")
+    second = await start(engine, DIAMOND, name="b")
+    if first > second:
+        first, second = second, first
+    roots = await claim_all(engine, ["root"])
+    assert len(roots) == 2
+    by_run = {str(r["run_id"]): r for r in roots}
+    results = [Result(str(by_run[rid]["step_id"]), by_run[rid]["lease_generation"], "completed", output=rid)
+               for rid in (first, second)]
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as canceller:
+        async with canceller.transaction():
+            await canceller.execute("SELECT cyclone_run_cancel(%s)", (second,))
+            # The cancel holds `second`: the batch applies `first` and finds `second` busy,
+            # then waits for it alone (Engine.apply_results applies busy results again).
+            applying = asyncio.ensure_future(engine.apply_results(results))
+            deadline = asyncio.get_running_loop().time() + 30
+            while (await step(conn, first, "root"))["state"] != "completed":
+                assert asyncio.get_running_loop().time() < deadline, "the first run was not applied"
+                await asyncio.sleep(0.02)
+            assert not applying.done()
+        statuses = [s for _, _, s in await asyncio.wait_for(applying, 30)]
+    assert statuses == ["applied", "ended"]
+    assert (await run_row(conn, second))["state"] == "cancelled"
+    assert set((await states(conn, second)).values()) == {"cancelled"}
+    assert (await states(conn, first))["m0"] == "available"
+
+
+async def test_a_dag_batch_that_ends_a_child_run_settles_its_parent_node(engine: Engine, conn) -> None:
+    await engine.register_workflow("sub", [task("c1"), task("c2", "c1")])
+    run_id = await start(engine, [task("kid", type="child", workflow="sub"), task("after", "kid")])
+    c1 = await claim_one(engine, "c1")
+    assert [s for _, _, s in await engine.apply_results(
+        [Result(str(c1["step_id"]), c1["lease_generation"], "completed", output=1)])] == ["applied"]
+    assert (await step(conn, run_id, "kid"))["state"] == "waiting_child"
+    c2 = await claim_one(engine, "c2")
+    assert [s for _, _, s in await engine.apply_results(
+        [Result(str(c2["step_id"]), c2["lease_generation"], "completed", output=2)])] == ["applied"]
+    # Settled by apply_results itself (ended_child_run), not by the scanner.
+    kid = await step(conn, run_id, "kid")
+    assert (kid["state"], kid["output"]) == ("completed", {"c2": 2})
+    assert (await step(conn, run_id, "after"))["state"] == "available"
+
+
+async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn) -> None:
+    """The dispatcher's next due time (steps_next_due) comes from the claim index: a loose
+    scan over the kind's priorities, then one probe each, whatever the backlog's size."""
+    await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
+                       "'running')")
+    # 30,000 claimable steps in three priorities, and two per priority due later.
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
+                                   max_reclaims, attempt_timeout, backoff_initial, backoff_max)
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'n' || i, 'k', 'task', 'available',
+               i % 3, now() - interval '1 min', 25, 5, '600s', '1s', '600s'
+          FROM generate_series(1, 30000) i""")
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
+                                   max_reclaims, attempt_timeout, backoff_initial, backoff_max)
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'later' || p || '.' || h, 'k', 'task',
+               'available', p, now() + make_interval(hours => h + p), 25, 5, '600s', '1s', '600s'
+          FROM generate_series(0, 2) p, generate_series(1, 2) h""")
+    await conn.execute("ANALYZE cyclone_steps")
+    due = await engine.next_due(["k", "other"])
+    assert due is not None and 3500 < due <= 3600  # the earliest: priority 0, in one hour
+    plan = (await fetch_one(conn, "EXPLAIN (FORMAT JSON) " + Q["steps_next_due"].replace("%(kinds)s", "%s"),
+                            ["k", "other"]))["QUERY PLAN"][0]["Plan"]
+    nodes = list(plan_nodes(plan))
+    assert all(n["Node Type"] != "Seq Scan" for n in nodes), nodes
+    assert {n["Index Name"] for n in nodes if n.get("Index Name")} == {"cyclone_steps_claim"}
+
+
+def plan_nodes(plan: dict) -> list[dict]:
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out += plan_nodes(child)
+    return out
