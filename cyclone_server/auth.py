@@ -235,19 +235,9 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The server's security flags; each also reads an environment variable (handy in containers)."""
-    env = os.environ.get
-    g = parser.add_argument_group("security")
-    g.add_argument("--tokens-file", default=env("CYCLONE_TOKENS_FILE"),
-                   help="bearer tokens, one 'TOKEN ROLE[,ROLE]' per line or JSON {TOKEN: [ROLE]}; roles: worker, "
-                        "submit, admin (env CYCLONE_TOKENS_FILE; tokens may also be given in env CYCLONE_TOKENS)")
-    g.add_argument("--tls-cert", default=env("CYCLONE_TLS_CERT"), help="server certificate chain, PEM (enables TLS)")
-    g.add_argument("--tls-key", default=env("CYCLONE_TLS_KEY"), help="server private key, PEM")
-    g.add_argument("--tls-client-ca", default=env("CYCLONE_TLS_CLIENT_CA"),
-                   help="CA bundle that client certificates must chain to (enables mTLS)")
-    g.add_argument("--insecure-allow-no-auth", action="store_true",
-                   default=env("CYCLONE_INSECURE_ALLOW_NO_AUTH", "") in ("1", "true", "yes"),
-                   help="serve without tokens or mTLS on a non-loopback address (only behind an authenticating proxy)")
+    """The security settings of cyclone_server/settings.py (each also read from its environment variable)."""
+    from . import settings
+    settings.add(parser, groups=["security"])
 
 
 def _listen_host(listen: str | None) -> str | None:

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import importlib.util
 import logging
-import math
 import os
 import signal
 import sys
@@ -15,81 +14,23 @@ from collections.abc import Sequence
 import psycopg
 
 from . import auth, cli_ops, metrics
+from . import settings as declared
 from .app import CycloneServer, Settings, split_listen
-from .engine import DEFAULT_MAX_PAYLOAD_BYTES
 from .errors import CycloneError
 
-DEFAULT_LISTEN = "127.0.0.1:7233"
+DEFAULT_LISTEN = declared.DEFAULT_LISTEN
 DISTRIBUTION = "cyclone-workflows"  # the name on PyPI (`cyclone` there is an unrelated web server)
 DEV_HTTP_LISTEN = "127.0.0.1:8233"  # `cyclone dev`'s web console
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text} is not > 0")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text} is not >= 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
-    return value
-
-
-def _listen(text: str) -> str:
-    try:
-        split_listen(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def add_server_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", default=os.environ.get("CYCLONE_DATABASE_URL"),
-                   help="Postgres URL (env CYCLONE_DATABASE_URL); required")
-    p.add_argument("--listen", type=_listen, default=os.environ.get("CYCLONE_LISTEN", DEFAULT_LISTEN),
-                   help="HOST:PORT to serve gRPC on (env CYCLONE_LISTEN; port 0 = any free port)")
-    p.add_argument("--http-listen", type=_listen, default=os.environ.get("CYCLONE_HTTP_LISTEN"), metavar="HOST:PORT",
-                   help="serve the web console, /metrics and /healthz over HTTP on HOST:PORT "
-                        "(env CYCLONE_HTTP_LISTEN; port 0 = any free port; default: no HTTP port)")
-    p.add_argument("--lease-ttl", type=_positive, default=30.0, metavar="SECONDS",
-                   help="how long a worker's lease lasts without a renewal")
-    p.add_argument("--sweep-interval", type=_positive, default=1.0, metavar="SECONDS",
-                   help="recovery sweep and wait scanners")
-    p.add_argument("--retention-interval", type=_positive, metavar="SECONDS",
-                   help="run the retention sweep this often (with --retention-default-age)")
-    p.add_argument("--retention-default-age", type=_non_negative, metavar="SECONDS",
-                   help="purge terminal runs without a retention of their own this long after they end")
-    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations on start")
-    p.add_argument("--server-id", default="", help="default: HOSTNAME-PID")
-    p.add_argument("--ready-file", metavar="PATH",
-                   help='when serving, write {"address": "HOST:PORT", "pid": N} here (with --metrics-listen, '
-                        'also "metrics_address": the bound HOST:PORT)')
-    p.add_argument("--grace", type=_non_negative, default=10.0, metavar="SECONDS",
-                   help="on SIGTERM, how long running handlers and calls in flight may finish")
-    p.add_argument("--max-payload-bytes", type=_positive_int, default=DEFAULT_MAX_PAYLOAD_BYTES, metavar="N",
-                   help="largest input, output or signal payload accepted")
-    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
-                   help="run N server processes sharing the port (SO_REUSEPORT), one per core to use; "
-                        "with --metrics-listen HOST:PORT, process i serves metrics on PORT+i")
+    """Every server setting (cyclone_server/settings.py: flag, environment variable, default, help)."""
+    declared.add(p)
     p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)  # set by --processes
-    metrics.add_arguments(p)
-    auth.add_arguments(p)
-    add_log_flag(p)
 
 
 def add_log_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-level", default=os.environ.get("CYCLONE_LOG_LEVEL", "INFO"),
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper, help="env CYCLONE_LOG_LEVEL")
+    declared.add(p, flags=["--log-level"])
 
 
 def settings_from(args: argparse.Namespace, p: argparse.ArgumentParser) -> Settings:
@@ -182,9 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev = sub.add_parser("dev", help="embedded Postgres + server + demo worker, for trying Cyclone out",
                          formatter_class=cli_ops.HelpFormatter)
     dev.add_argument("--data-dir", default=".cyclone/pg", help="where the embedded Postgres keeps its data")
-    dev.add_argument("--listen", type=_listen, default=DEFAULT_LISTEN, help="HOST:PORT to serve gRPC on")
+    dev.add_argument("--listen", type=declared.listen, default=DEFAULT_LISTEN, help="HOST:PORT to serve gRPC on")
     dev.add_argument("--no-worker", action="store_true", help="do not start the demo worker")
-    dev.add_argument("--http-listen", type=_listen, default=DEV_HTTP_LISTEN, metavar="HOST:PORT",
+    dev.add_argument("--http-listen", type=declared.listen, default=DEV_HTTP_LISTEN, metavar="HOST:PORT",
                      help=f"the web console (default {DEV_HTTP_LISTEN})")
     dev.add_argument("--metrics-listen", type=_dev_metrics, default=None, metavar="HOST:PORT",
                      help="also serve Prometheus metrics on a port of their own (default: only at the web "

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import contextvars
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -333,10 +332,9 @@ async def serve_metrics(metrics: Metrics, engine: StatsSource | None, host: str 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--metrics-listen HOST:PORT` (env CYCLONE_METRICS_LISTEN); unset: no metrics endpoint."""
-    parser.add_argument("--metrics-listen", metavar="HOST:PORT", default=os.environ.get("CYCLONE_METRICS_LISTEN"),
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (env CYCLONE_METRICS_LISTEN; "
-                             f"e.g. 0.0.0.0:{DEFAULT_METRICS_PORT}); off when unset")
+    """The metrics settings of cyclone_server/settings.py (each also read from its environment variable)."""
+    from . import settings
+    settings.add(parser, groups=["metrics"])
 
 
 def parse_listen(value: str) -> tuple[str, int]:
