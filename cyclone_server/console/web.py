@@ -72,6 +72,18 @@ ACTION_HELP = {
     "retry-step": "This discarded step (and the steps cancelled because of it) runs again.",
     "signal": "Writes the signal to the run's mailbox; the oldest signal node waiting for that name takes it.",
 }
+SCHEDULE_ACTIONS = {
+    "pause": "Pause schedule",
+    "resume": "Resume schedule",
+    "trigger": "Trigger now",
+}
+SCHEDULE_ACTION_HELP = {
+    "pause": "The schedule stops firing until it is resumed (Trigger now still starts its target); "
+             "its runs go on.",
+    "resume": "The schedule fires again, from its next fire time after now; the fire times that passed "
+              "while it was paused are neither started nor counted.",
+    "trigger": "Starts the schedule's target now, under its overlap policy; its next fire time does not move.",
+}
 
 MetricsRender = Callable[[], Awaitable[tuple[bytes, str]]]
 Ready = Callable[[], bool]
@@ -150,6 +162,36 @@ def step_view(s: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         "cancel_cause": s.get("cancel_cause") or "",
         "child_run": str(s["child_run_id"]) if s.get("child_run_id") else "",
         "retryable": s["state"] == "discarded",
+    }
+
+
+def _span(seconds: float) -> str:
+    """An interval's every or offset, exactly: 0.25 s, 90.5 s, 15 m 00 s, 24 h 00 m."""
+    return f"{seconds:g} s" if seconds < 60 or seconds != int(seconds) else fmt_seconds(seconds)
+
+
+def schedule_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the schedules table and the schedule page show of a schedule row (cyclone_schedules)."""
+    target, spec = row["target"], row["spec"]
+    job = target.get("job")
+    if spec.get("cron") is not None:
+        when = f"cron {spec['cron']} ({spec.get('time_zone') or 'UTC'})"
+    else:
+        offset = float(spec.get("offset") or 0)
+        when = f"every {_span(float(spec['every']))}" + (f" at offset {_span(offset)}" if offset else "")
+    jitter, catchup = row.get("jitter"), row.get("catchup_window")
+    return {
+        "name": row["name"], "workflow": target.get("workflow") or "", "version": target.get("version") or 0,
+        "job_kind": job["kind"] if job else "", "spec": when, "overlap": row["overlap"], "paused": row["paused"],
+        "next_fire": fmt_time(row.get("next_fire_at")), "next_due": fmt_time(row.get("next_due_at")),
+        "last_fire": fmt_time(row.get("last_fire_at")), "buffered": fmt_time(row.get("buffered_fire_at")),
+        "fires": row.get("fires", 0), "misses": row.get("misses", 0), "skips": row.get("skips", 0),
+        "note": row.get("note") or "", "start": fmt_time(row.get("start_at")), "end": fmt_time(row.get("end_at")),
+        "jitter": fmt_seconds(jitter) if jitter else "", "catchup": fmt_seconds(catchup) if catchup is not None else "",
+        "priority": target.get("priority") or 0,
+        "deadline_in": fmt_seconds(float(target["deadline_in"])) if target.get("deadline_in") else "",
+        "input": fmt_json(target.get("input")), "options": fmt_json(job) if job else "",
+        "created": fmt_time(row.get("created_at")), "updated": fmt_time(row.get("updated_at")),
     }
 
 
@@ -272,6 +314,9 @@ class Console:
         r.add_get("/workflows", self.workflows)
         r.add_get("/workflows/{name}", self.workflow)
         r.add_get("/workers", self.workers)
+        r.add_get("/schedules", self.schedules)
+        r.add_get("/schedules/{name}", self.schedule)
+        r.add_post("/schedules/{name}/actions/{action}", self.schedule_action)
         r.add_static("/static/", HERE / "static")
 
     # -- middleware: authentication and CSRF ------------------------------------------
@@ -562,6 +607,95 @@ class Console:
                     "heartbeat": fmt_seconds(max((now - w["heartbeat_at"]).total_seconds(), 0.0)) + " ago"}
                    for w in await self.engine.list_workers()]
         return self.render(request, "workers.html", title="Workers and backlog", kinds=kinds, workers=workers)
+
+    # -- schedules -------------------------------------------------------------------
+
+    async def schedules(self, request: web.Request) -> web.Response:
+        q = request.query
+        prefix = q.get("name", "").strip()
+        after = q.get("after", "") or None
+        rows = await self.engine.list_schedules(prefix, limit=PAGE_SIZE + 1, after=after)
+        more = len(rows) > PAGE_SIZE
+        rows = rows[:PAGE_SIZE]
+        filters = {"name": prefix} if prefix else {}
+        next_url = "/schedules?" + urlencode({**filters, "after": rows[-1]["name"]}) if more else ""
+        return self.render(request, "schedules.html", title="Schedules", schedules=[schedule_view(r) for r in rows],
+                           filters=filters, q=q, next_url=next_url,
+                           first_url="/schedules?" + urlencode(filters) if after else "", page_size=PAGE_SIZE)
+
+    async def _load_schedule(self, request: web.Request) -> dict[str, Any]:
+        try:
+            return await self.engine.get_schedule(request.match_info["name"])
+        except (InvalidArgument, NotFound) as e:
+            raise self._error(request, 404, e.message) from None
+
+    def _schedule_context(self, request: web.Request, row: dict[str, Any], notice: dict[str, Any] | None = None,
+                          confirm: str = "") -> dict[str, Any]:
+        runs = [{"id": str(r["id"]), "state": r["state"], "fire_at": fmt_time(r.get("schedule_fire_at")),
+                 "created": fmt_time(r["created_at"]), "finished": fmt_time(r.get("finished_at"))}
+                for r in row.get("recent_runs") or []]
+        return {"title": f"Schedule {row['name']}", "schedule": schedule_view(row), "runs": runs, "notice": notice,
+                "can_act": self._act_refusal(request) is None, "actions": SCHEDULE_ACTIONS, "confirm": confirm,
+                "confirm_help": SCHEDULE_ACTION_HELP.get(confirm, "")}
+
+    async def schedule(self, request: web.Request) -> web.Response:
+        row = await self._load_schedule(request)
+        return self.render(request, "schedule.html", **self._schedule_context(request, row))
+
+    async def schedule_action(self, request: web.Request) -> web.Response:
+        form = await self._form(request)
+        action = request.match_info["action"]
+        name = request.match_info["name"]
+        if action not in SCHEDULE_ACTIONS:
+            raise self._error(request, 404, f"no action {action!r}")
+        refusal = self._act_refusal(request)
+        if refusal is not None:
+            raise self._error(request, 403, refusal)
+        row = await self._load_schedule(request)
+        if form.get("confirm") != "yes":
+            return self.render(request, "schedule.html", **self._schedule_context(request, row, confirm=action))
+        status, notice = 200, await self._perform_schedule(action, name)
+        if not notice["ok"]:
+            status = notice.pop("http_status")
+        try:
+            row = await self.engine.get_schedule(name)
+        except NotFound:
+            raise self._error(request, 404, f"{notice['text']} (the schedule is gone now)") from None
+        return self.render(request, "schedule.html", status=status, **self._schedule_context(request, row, notice))
+
+    async def _perform_schedule(self, action: str, name: str) -> dict[str, Any]:
+        """Do the schedule action through the engine; the server's answer in words."""
+        label = SCHEDULE_ACTIONS[action]
+        try:
+            if action == "trigger":
+                fired = await self.engine.trigger_schedule(name)
+                outcome, run_id = fired["outcome"], str(fired["run_id"]) if fired.get("run_id") else ""
+                if outcome == "started":
+                    return {"ok": True, "applied": True, "run_id": run_id,
+                            "text": f"{label}: done. Run {run_id} started."}
+                if outcome == "buffered":
+                    return {"ok": True, "applied": True, "run_id": "",
+                            "text": f"{label}: buffered. A run of this schedule is still active: the fire time "
+                                    "starts when it ends (overlap policy buffer_one)."}
+                return {"ok": True, "applied": False, "run_id": "",
+                        "text": f"{label}: {outcome}. A run of this schedule is still active, so the server "
+                                "started none (overlap policy skip)." if outcome == "skipped"
+                        else f"{label}: {outcome}."}
+            applied = await (self.engine.pause_schedule(name) if action == "pause"
+                             else self.engine.resume_schedule(name))
+        except CycloneError as e:
+            code = e.status.name if isinstance(e.status, grpc.StatusCode) else str(e.status)
+            return {"ok": False, "http_status": _HTTP_OF.get(e.status, 500),
+                    "text": f"{label}: refused by the server ({code}): {e.message}"}
+        row = await self.engine.get_schedule(name, recent_runs=0)
+        state = "paused" if row["paused"] else "active"
+        if applied:
+            after = "" if row["paused"] else (f" Next fire time: {fmt_time(row['next_fire_at'])} UTC."
+                                              if row.get("next_fire_at") else " It has no fire time left.")
+            return {"ok": True, "applied": True, "run_id": "",
+                    "text": f"{label}: done. The schedule is now {state}.{after}"}
+        return {"ok": True, "applied": False, "run_id": "",
+                "text": f"{label}: nothing to do, the server left the schedule as it was ({state})."}
 
 
 _STATUS_EXC: dict[int, type[web.HTTPException]] = {

@@ -470,3 +470,152 @@ async def test_workers_page_lists_connected_workers_and_flags_kinds_no_worker_ru
             assert kinds == {"resize": "", "shoutt": ' class="stalled"'}
         finally:
             await raw.close()
+
+
+# -- schedules -----------------------------------------------------------------------
+
+
+def yearly(**kw: Any) -> Any:
+    """Settings of a schedule that will not fire during a test (03:00 on the 1st of January, Paris time)."""
+    from cyclone_server.schedule_spec import ScheduleSettings, Spec
+    return ScheduleSettings(Spec(cron="0 3 1 1 *", time_zone="Europe/Paris"), **kw)
+
+
+async def test_schedules_page_lists_schedules_with_target_spec_policy_and_counters(
+        console: str, http: aiohttp.ClientSession, engine: Engine) -> None:
+    from cyclone_server.schedule_spec import ScheduleSettings, Spec
+
+    await register(engine)
+    await engine.create_schedule("nightly-etl", yearly(workflow="etl", input={"full": True}, overlap="buffer_one",
+                                                       note="the nightly load"))
+    await engine.create_schedule("tick", ScheduleSettings(Spec(cron="0 3 1 1 *"), kind="emails.digest"),
+                                 paused=True)
+    status, html = await get(http, console + "/schedules")
+    assert status == 200 and '<a href="/schedules" class="here">Schedules</a>' in html
+    assert re.findall(r'<tr data-schedule="([^"]+)"', html) == ["nightly-etl", "tick"]  # by name
+    row = re.search(r'<tr data-schedule="nightly-etl" data-paused="false">(.*?)</tr>', html, re.S)
+    assert row, html
+    cells = row.group(1)
+    assert '<a href="/workflows/etl">etl</a>' in cells and "latest" in cells
+    assert "cron 0 3 1 1 * (Europe/Paris)" in cells and "buffer_one" in cells and "the nightly load" in cells
+    assert re.search(r"<td>\d{4}-01-01 0[12]:00:00</td>", cells)  # 03:00 in Paris is 01:00 or 02:00 UTC
+    assert re.findall(r"<td>(\d+)</td>", cells) == ["0", "0", "0"]  # fires, misses, skips
+    tick = re.search(r'<tr data-schedule="tick" data-paused="true">(.*?)</tr>', html, re.S)
+    assert tick and "emails.digest" in tick.group(1) and "paused" in tick.group(1)
+    status, html = await get(http, console + "/schedules?name=nig")
+    assert re.findall(r'<tr data-schedule="([^"]+)"', html) == ["nightly-etl"]
+
+
+async def test_schedules_are_paged_by_name(console: str, http: aiohttp.ClientSession, engine: Engine) -> None:
+    names = [f"s{i:02d}" for i in range(52)]
+    for name in names:
+        await engine.create_schedule(name, yearly(kind="k"))
+    status, html = await get(http, console + "/schedules")
+    assert re.findall(r'<tr data-schedule="([^"]+)"', html) == names[:50]
+    nxt = re.search(r'<a href="([^"]+)" id="next-page">', html)
+    assert nxt
+    status, html = await get(http, console + nxt.group(1).replace("&amp;", "&"))
+    assert status == 200 and re.findall(r'<tr data-schedule="([^"]+)"', html) == names[50:]
+    assert 'id="next-page"' not in html and 'id="first-page"' in html
+
+
+async def test_schedule_page_shows_settings_and_runs_and_its_actions_apply(console: str,
+                                                                          http: aiohttp.ClientSession,
+                                                                          engine: Engine) -> None:
+    from cyclone_server.schedule_spec import ScheduleSettings, Spec
+
+    await engine.create_schedule("reports", ScheduleSettings(Spec(every=86400, offset=3600), kind="report.build",
+                                                             input={"region": "eu"}, overlap="allow_all",
+                                                             priority=5, note="daily at 01:00 UTC"))
+    status, html = await get(http, console + "/schedules/reports")
+    assert status == 200
+    assert "job of kind <span class=\"mono\">report.build</span>" in html
+    assert "every 24 h 00 m at offset 1 h 00 m" in html and "allow_all" in html and "daily at 01:00 UTC" in html
+    assert "&#34;region&#34;: &#34;eu&#34;" in html and "The schedule has started no run yet." in html
+    fired = await engine.trigger_schedule("reports")
+    run_id = str(fired["run_id"])
+    status, html = await get(http, console + "/schedules/reports")
+    row = re.search(rf'<tr data-run="{run_id}" data-state="running">(.*?)</tr>', html, re.S)
+    assert row and f'<a href="/runs/{run_id}">' in row.group(1)
+
+    csrf = csrf_of(html)
+    url = f"{console}/schedules/reports/actions"
+    status, html = await post(http, f"{url}/pause", {"csrf": csrf})  # first: the confirmation
+    assert status == 200 and "Yes, pause schedule" in html and 'name="confirm" value="yes"' in html
+    assert not (await engine.get_schedule("reports"))["paused"]
+    status, html = await post(http, f"{url}/pause", {"csrf": csrf, "confirm": "yes"})
+    assert status == 200 and "Pause schedule: done. The schedule is now paused." in html
+    assert (await engine.get_schedule("reports"))["paused"]
+    status, html = await post(http, f"{url}/pause", {"csrf": csrf, "confirm": "yes"})
+    assert status == 200 and "Pause schedule: nothing to do, the server left the schedule as it was (paused)." in html
+    status, html = await post(http, f"{url}/trigger", {"csrf": csrf, "confirm": "yes"})  # a paused one may be
+    m = re.search(r"Trigger now: done\. Run ([0-9a-f-]{36}) started\.", html)
+    assert status == 200 and m and f'<a href="/runs/{m.group(1)}" id="notice-run">' in html
+    assert len((await engine.get_schedule("reports"))["recent_runs"]) == 2
+    status, html = await post(http, f"{url}/resume", {"csrf": csrf, "confirm": "yes"})
+    assert status == 200 and "Resume schedule: done. The schedule is now active. Next fire time: " in html
+    assert not (await engine.get_schedule("reports"))["paused"]
+    status, html = await post(http, f"{url}/bogus", {"csrf": csrf, "confirm": "yes"})
+    assert status == 404
+
+
+async def test_trigger_under_skip_says_no_run_started(console: str, http: aiohttp.ClientSession,
+                                                      engine: Engine) -> None:
+    await engine.create_schedule("once-at-a-time", yearly(kind="slow"))
+    await engine.trigger_schedule("once-at-a-time")
+    status, html = await get(http, console + "/schedules/once-at-a-time")
+    status, html = await post(http, f"{console}/schedules/once-at-a-time/actions/trigger",
+                              {"csrf": csrf_of(html), "confirm": "yes"})
+    assert status == 200 and "Trigger now: skipped. A run of this schedule is still active" in html
+    assert len((await engine.get_schedule("once-at-a-time"))["recent_runs"]) == 1
+
+
+async def test_schedule_posts_without_csrf_are_refused_and_unknown_schedules_are_404(
+        console: str, http: aiohttp.ClientSession, engine: Engine) -> None:
+    await engine.create_schedule("guarded", yearly(kind="k"))
+    status, html = await get(http, console + "/schedules/guarded")
+    csrf = csrf_of(html)
+    url = f"{console}/schedules/guarded/actions/pause"
+    status, html = await post(http, url, {"confirm": "yes"})
+    assert status == 403 and "CSRF token is missing" in html
+    status, html = await post(http, url, {"confirm": "yes", "csrf": csrf}, headers={"Origin": "http://evil.example"})
+    assert status == 403 and "another site" in html
+    assert not (await engine.get_schedule("guarded"))["paused"]
+    status, html = await get(http, console + "/schedules/nope")
+    assert status == 404 and "schedule &#34;nope&#34; not found" in html
+    status, html = await post(http, f"{console}/schedules/nope/actions/trigger", {"csrf": csrf, "confirm": "yes"})
+    assert status == 404 and "not found" in html
+
+
+async def test_hostile_schedule_note_is_escaped(console: str, http: aiohttp.ClientSession, engine: Engine) -> None:
+    await engine.create_schedule("hostile", yearly(kind="k", note=HOSTILE, input={"x": HOSTILE}))
+    for page in ("/schedules", "/schedules/hostile"):
+        status, html = await get(http, console + page)
+        assert status == 200
+        assert "<script>window" not in html and "<img src=x" not in html, page
+        assert "&lt;script&gt;window.__pwned = 1&lt;/script&gt;" in html, page
+
+
+async def test_with_tokens_schedule_actions_need_admin(secured: str, http: aiohttp.ClientSession,
+                                                      engine: Engine) -> None:
+    await engine.create_schedule("secured", yearly(kind="k"))
+    status, html = await get(http, secured + "/schedules")
+    assert status == 303
+    status, html = await get(http, f"{secured}/login")
+    csrf = csrf_of(html)
+    await post(http, secured + "/login", {"csrf": csrf, "token": SUBMIT_TOKEN, "next": "/schedules"})
+    status, html = await get(http, f"{secured}/schedules")
+    assert status == 200 and 'data-schedule="secured"' in html
+    status, html = await get(http, f"{secured}/schedules/secured")
+    assert status == 200 and 'id="actions"' not in html  # no buttons for a reader
+    status, html = await post(http, f"{secured}/schedules/secured/actions/pause", {"csrf": csrf, "confirm": "yes"})
+    assert status == 403 and "needs the role admin" in html
+    assert not (await engine.get_schedule("secured"))["paused"]
+    await post(http, secured + "/login", {"csrf": csrf, "token": ADMIN_TOKEN, "next": "/schedules"})
+    status, html = await get(http, f"{secured}/schedules/secured")
+    assert 'id="actions"' in html
+    status, html = await post(http, f"{secured}/schedules/secured/actions/pause", {"confirm": "yes"})
+    assert status == 403 and "CSRF" in html
+    status, html = await post(http, f"{secured}/schedules/secured/actions/pause", {"csrf": csrf, "confirm": "yes"})
+    assert status == 200 and "The schedule is now paused." in html
+    assert (await engine.get_schedule("secured"))["paused"]
