@@ -25,6 +25,7 @@ from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_
 
 from .auth import SecurityConfigError, open_channel
 from .cli_ops import duration
+from .cli_show import console
 
 POLICIES = ["skip", "buffer_one", "allow_all", "cancel_previous"]
 
@@ -86,7 +87,7 @@ def _print(a: argparse.Namespace, msg: Message | list[Message], render: Callable
         one = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)  # noqa: E731
         print(json.dumps([one(m) for m in msg] if isinstance(msg, list) else one(msg), indent=2, ensure_ascii=False))
     else:
-        render(Console(highlight=False, soft_wrap=True))
+        render(console())
     return 0
 
 
@@ -188,6 +189,8 @@ def _action(rpc: str, request: Callable[[str], Message]) -> Command:
 
 
 async def cmd_runs(c: Stubs, a: argparse.Namespace) -> int:
+    # NOT_FOUND for a mistyped name, rather than an empty table.
+    await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=a.rpc_timeout)
     resp = await c.runs.ListRuns(runs_pb2.ListRunsRequest(schedule=a.name, limit=a.limit), timeout=a.rpc_timeout)
 
     def render(out: Console) -> None:

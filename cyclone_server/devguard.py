@@ -62,7 +62,8 @@ def claim(data_dir: str | Path, listen: str) -> None:
             if owner is not None and owner[0] != os.getpid() and _alive(owner[0]):
                 raise DataDirBusy(
                     f"another cyclone dev (pid {owner[0]}, listening on {owner[1] or '?'}) is using "
-                    f"{data_dir}; stop it first, or give this one its own --data-dir and --listen") from None
+                    f"{data_dir}; stop it first, or give this one its own --data-dir, --listen and "
+                    "--http-listen") from None
             path.unlink(missing_ok=True)  # a killed cyclone dev's claim: take it over
             continue
         with os.fdopen(fd, "w") as f:

@@ -15,6 +15,7 @@ import grpc
 import psycopg
 
 from google.protobuf import struct_pb2
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from cyclone_proto import workers_pb2 as pb
 
@@ -277,7 +278,6 @@ class Dispatcher:
         self._event.set()
 
     async def run(self) -> None:
-        delay = 0.1
         while True:
             try:
                 # asyncio.timeout, not wait_for (see ResultCommitter._gather).
@@ -288,14 +288,16 @@ class Dispatcher:
             if self._stopping:
                 return
             self._event.clear()
-            try:
-                self._due_in = await self._pass()
-                delay = 0.1
-            except Exception as e:  # a lost database: log, back off, try again
-                log.warning("dispatch pass failed: %s; retrying in %.1fs", e, delay)
-                self._due_in = None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            # A lost database: log, back off (0.1 s doubling to 5 s), try again until a pass works.
+            async for attempt in AsyncRetrying(
+                    wait=wait_exponential(multiplier=0.1, min=0.1, max=5.0),
+                    before_sleep=lambda s: log.warning(
+                        "dispatch pass failed: %s; retrying in %.1fs",
+                        s.outcome.exception(), s.next_action.sleep)):  # type: ignore[union-attr]
+                with attempt:
+                    if self._stopping:
+                        return
+                    self._due_in = await self._pass()
 
     async def _pass(self) -> float | None:
         """Claim for every worker with free slots; returns how long until the next step of a
@@ -429,32 +431,34 @@ class ResultCommitter:
     async def _apply(self, results: list[Result]) -> list[tuple[Result, str]]:
         """(the result applied, its SQL status) per result, in order. A result the database
         refuses for its data is replaced by an invalid-result failure of its attempt."""
-        delay = 0.1
-        while True:
-            try:
-                rows = await self.engine.apply_results(results)
-                return [(r, status) for r, (_, _, status) in zip(results, rows)]
-            except psycopg.OperationalError as e:
-                # The database is unreachable. Applying again is safe: results are fenced, so
-                # one that did commit before the error comes back 'ended', as a resent one would.
-                log.warning("applying %d results failed: %s; retrying in %.1fs", len(results), e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-            except (psycopg.Error, CycloneError) as e:
-                # The database refused the data: find the results it refuses by applying
-                # them alone, and fail those attempts instead (the worker takes the INVALID
-                # ack as the end of its lease).
-                if len(results) > 1:
-                    out: list[tuple[Result, str]] = []
-                    for r in results:
-                        out += await self._apply([r])
-                    return out
-                r = results[0]
-                why = e.diag.message_primary if isinstance(e, psycopg.Error) else e.message
-                if r.invalid is not None:  # even the failure was refused: a bug, not the worker's data
-                    raise
-                return await self._apply([invalid_result(r.step_id, r.generation,
-                                                          f"the database refused it: {why or e}")])
+        try:
+            # The database is unreachable (or the batch lost a deadlock): apply again, for as
+            # long as it takes. That is safe: results are fenced, so one that did commit before
+            # the error comes back 'ended', as a resent one would.
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(psycopg.OperationalError),
+                    wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+                    before_sleep=lambda s: log.warning(
+                        "applying %d results failed: %s; retrying in %.1fs", len(results),
+                        s.outcome.exception(), s.next_action.sleep)):  # type: ignore[union-attr]
+                with attempt:
+                    rows = await self.engine.apply_results(results)
+            return [(r, status) for r, (_, _, status) in zip(results, rows)]
+        except (psycopg.Error, CycloneError) as e:
+            # The database refused the data: find the results it refuses by applying
+            # them alone, and fail those attempts instead (the worker takes the INVALID
+            # ack as the end of its lease).
+            if len(results) > 1:
+                out: list[tuple[Result, str]] = []
+                for r in results:
+                    out += await self._apply([r])
+                return out
+            r = results[0]
+            why = e.diag.message_primary if isinstance(e, psycopg.Error) else e.message
+            if r.invalid is not None:  # even the failure was refused: a bug, not the worker's data
+                raise
+            return await self._apply([invalid_result(r.step_id, r.generation,
+                                                      f"the database refused it: {why or e}")])
 
     def _acknowledge(self, batch: list[tuple[WorkerConn, Result, str]],
                      applied: list[tuple[Result, str]]) -> None:

@@ -31,8 +31,13 @@ fi
 stamp="$venv/.cyclone-pyproject.sha256"
 want=$("$venv/bin/python" -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest())')
 have=$(cat "$stamp" 2>/dev/null || true)
-if [ "${have%% *}" != "$want" ] || ! printf ',%s,' "${have#* }" | grep -q ",$extras,"; then
-    [ "${have%% *}" = "$want" ] && extras="${have#* },$extras"
+missing_extra=no
+for extra in ${extras//,/ }; do
+    printf ',%s,' "${have#* }" | grep -q ",$extra," || missing_extra=yes
+done
+if [ "${have%% *}" != "$want" ] || [ "$missing_extra" = yes ]; then
+    # Keep the extras installed before (each once): a later run may ask for fewer.
+    [ "${have%% *}" = "$want" ] && extras=$(printf '%s,%s' "${have#* }" "$extras" | tr ',' '\n' | awk 'NF && !seen[$0]++' | paste -sd, -)
     echo "$0: installing the project with its extras [$extras] into $venv (pip install -e '.[$extras]')" >&2
     # Before its rename to cyclone-workflows the project was installed as `cyclone`.
     "$venv/bin/python" -m pip uninstall --quiet --yes cyclone >/dev/null 2>&1 || true

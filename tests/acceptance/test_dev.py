@@ -103,7 +103,8 @@ async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_
     assert second.proc.wait(DEADLINE) == 1
     lines = second.text().strip().splitlines()
     assert lines[-1] == (f"cyclone dev: another cyclone dev (pid {first.proc.pid}, listening on {first.address}) is "
-                         f"using {tmp_path / 'pg'}; stop it first, or give this one its own --data-dir and --listen")
+                         f"using {tmp_path / 'pg'}; stop it first, or give this one its own --data-dir, --listen "
+                         "and --http-listen")
     assert "Traceback" not in second.text()
 
     port = int(first.address.rsplit(":", 1)[1])
