@@ -53,6 +53,7 @@ def claimed_rows(n: int) -> list[dict[str, Any]]:
     return [{"step_id": uuid.uuid4(), "run_id": uuid.uuid4(), "node": "job", "kind": "noop", "priority": 0,
              "attempt": 1, "max_attempts": 25, "reclaims": 0, "snoozes": 0, "lease_generation": 1,
              "lease_expiry": now + timedelta(seconds=30), "attempt_deadline": now + timedelta(minutes=10),
+             "trace_context": None,
              "waited": 0.01, "input": {"i": i, "tags": ["a", "b"], "ok": True, "note": None},
              "parents": {} if i % 4 else {"root": {"rows": i}}} for i in range(n)]
 

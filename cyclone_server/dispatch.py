@@ -14,13 +14,13 @@ from typing import Any
 import grpc
 import psycopg
 
-from google.protobuf import struct_pb2
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from cyclone_proto import workers_pb2 as pb
+from cyclone_worker.values import fill_stored
 
 from . import tracing
-from .convert import duration_seconds, optional_value, py_to_value
+from .convert import duration_seconds, optional_value
 from .definitions import MAX_SECONDS
 from .engine import Engine, Result, parse_id
 from .errors import CycloneError, InvalidArgument
@@ -106,7 +106,6 @@ class WorkerConn:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_NULL = struct_pb2.NULL_VALUE
 
 
 def _set_time(ts: Any, dt: datetime) -> None:
@@ -115,37 +114,6 @@ def _set_time(ts: Any, dt: datetime) -> None:
     d = (dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)) - _EPOCH
     ts.seconds = d.days * 86400 + d.seconds
     ts.nanos = d.microseconds * 1000
-
-
-def _fill(v: Any, obj: Any) -> None:
-    """A JSON value as read from Postgres into the Value `v`: convert.py_to_value's result,
-    with exact type checks in the order of how often they come (the input of every lease
-    goes through here)."""
-    t = type(obj)
-    if t is str:
-        v.string_value = obj
-    elif t is dict:
-        s = v.struct_value
-        if not obj:
-            s.SetInParent()
-        fields = s.fields
-        for key, item in obj.items():
-            _fill(fields[key if type(key) is str else str(key)], item)
-    elif t is int or t is float:
-        v.number_value = obj
-    elif obj is None:
-        v.null_value = _NULL
-    elif t is bool:
-        v.bool_value = obj
-    elif t is list:
-        lv = v.list_value
-        if not obj:
-            lv.SetInParent()
-        values = lv.values
-        for item in obj:
-            _fill(values.add(), item)
-    else:  # subclasses and anything else: the general conversion (which refuses non-JSON)
-        py_to_value(obj, v)
 
 
 def lease_message(row: dict[str, Any], lease: pb.Lease | None = None) -> pb.Lease:
@@ -165,12 +133,12 @@ def lease_message(row: dict[str, Any], lease: pb.Lease | None = None) -> pb.Leas
     lease.reclaims = row["reclaims"]
     lease.snoozes = row["snoozes"]
     lease.lease_generation = row["lease_generation"]
-    _fill(lease.input, row["input"])
+    fill_stored(lease.input, row["input"])
     parents = row["parents"]
     if parents:
         fields = lease.parents.fields
         for key, item in parents.items():
-            _fill(fields[key], item)
+            fill_stored(fields[key], item)
     else:
         lease.parents.SetInParent()
     _set_time(lease.lease_expiry, row["lease_expiry"])
