@@ -377,8 +377,9 @@ class Engine:
     async def enqueue_prepared_one(self, job: PreparedJob) -> tuple[str, str, bool]:
         """One prepared job in its own transaction (cyclone_job_enqueue)."""
         p = job.params
+        trace = Jsonb(p["trace_context"]) if p["trace_context"] else None
         row = await self._one("job_enqueue", **{**p, "node": Jsonb(p["node"]), "input": Jsonb(p["input"]),
-                                                "trace_context": Jsonb(p["trace_context"]) if p["trace_context"] else None})
+                                                "trace_context": trace})
         assert row is not None
         return str(row["run_id"]), str(row["step_id"]), row["created"]
 
@@ -404,7 +405,8 @@ class Engine:
         """Apply many results in one transaction; returns (step_id, generation, status) each.
 
         A result whose run another transaction holds is applied again, alone, so the batch
-        never waits on two runs at once.
+        never waits on two runs at once; a failed step's results are applied on their own
+        (see below).
         Statuses are by position: two answers to one lease get one status each (the first
         applied, the later ones 'ended'). Once the batch committed, the parent nodes of the
         child runs it ended are settled (`settle_parents`) before this returns.
@@ -412,22 +414,30 @@ class Engine:
         for r in results:
             parse_id(r.step_id, "step_id")
         out: list[str | None] = [None] * len(results)
-        pending = list(range(len(results)))
         ended_children: list[uuid.UUID] = []
-        while pending:  # each call applies at least the results of the first run it locks
-            rows = await self._all("results_apply",
-                                   results=Jsonb([results[i].as_json(self.max_payload_bytes) for i in pending]),
-                                   max_output_bytes=self.max_payload_bytes)
-            busy = []
-            for row in rows:
-                i = pending[row["idx"] - 1]
-                if row["status"] == "busy":
-                    busy.append(i)
-                else:
-                    out[i] = row["status"]
-                if row["ended_child_run"] is not None:
-                    ended_children.append(row["ended_child_run"])
-            pending = sorted(busy)
+        # A failure can discard its step, and fail-fast then cancels the child runs below it,
+        # locking them parent first. A transaction that also holds other runs of the batch
+        # (one of them may be such a descendant) would take locks out of that order and could
+        # deadlock with a cancel of that subtree: so each failed step's results go in a
+        # transaction of their own, which holds its run alone; the rest go together.
+        failing = dict.fromkeys(r.step_id for r in results if r.outcome == "failed")
+        groups = [[i for i, r in enumerate(results) if r.step_id not in failing]]
+        groups += [[i for i, r in enumerate(results) if r.step_id == s] for s in failing]
+        for pending in groups:
+            while pending:  # each call applies at least the results of the first run it locks
+                rows = await self._all("results_apply",
+                                       results=Jsonb([results[i].as_json(self.max_payload_bytes) for i in pending]),
+                                       max_output_bytes=self.max_payload_bytes)
+                busy = []
+                for row in rows:
+                    i = pending[row["idx"] - 1]
+                    if row["status"] == "busy":
+                        busy.append(i)
+                    else:
+                        out[i] = row["status"]
+                    if row["ended_child_run"] is not None:
+                        ended_children.append(row["ended_child_run"])
+                pending = sorted(busy)
         if ended_children:
             await self.settle_parents(ended_children)
         return [(r.step_id, r.generation, status) for r, status in zip(results, out)]  # type: ignore[misc]

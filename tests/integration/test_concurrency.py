@@ -319,3 +319,44 @@ async def claim_and_finish(e: Engine, fail: bool) -> None:
             await e.fail(str(lease["step_id"]), lease["lease_generation"], "x", permanent=True)
         else:
             await e.complete(str(lease["step_id"]), lease["lease_generation"], 1)
+
+
+async def test_a_batch_failing_a_parent_never_holds_its_grandchild_while_cancelling_down_to_it(
+        db_url: str, conn) -> None:
+    """A batch holds the top run T (a permanent failure: fail-fast cancels its child run M's
+    tree) and the leaf run L below M (a completion). Another transaction X holds M and then
+    wants L, as a cancel of M's tree does. If the batch held L while it waited for M, the
+    two would deadlock; the failed step's results are applied in a transaction of their own,
+    so L is free by then."""
+    e = await Engine.open(db_url, min_size=1, max_size=2)
+    try:
+        await e.register_workflow("leaf", [task("lt")])
+        await e.register_workflow("mid", [task("mk", type="child", workflow="leaf"), task("mt")])
+        await e.register_workflow("top", [task("tk", type="child", workflow="mid"), task("tt")])
+        top, _ = await e.submit_run("top")
+        leases = {x["kind"]: x for x in await e.claim("w", ["lt", "mt", "tt"], 3, 60)}
+        assert set(leases) == {"lt", "mt", "tt"}
+        mid = (await fetch_one(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", uuid.UUID(top)))["id"]
+        leaf = (await fetch_one(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", mid))["id"]
+        results = [Result(str(leases["tt"]["step_id"]), leases["tt"]["lease_generation"], "failed", message="no",
+                          permanent=True),
+                   Result(str(leases["lt"]["step_id"]), leases["lt"]["lease_generation"], "completed", output=1)]
+        async with await psycopg.AsyncConnection.connect(db_url) as x:
+            await x.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR NO KEY UPDATE", (mid,))  # X holds M
+            batch = asyncio.create_task(e.apply_results(results))
+            deadline = time.monotonic() + 30
+            while not await fetch(conn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND query LIKE '%%cyclone_results_apply%%'"):
+                assert time.monotonic() < deadline and not batch.done(), "the batch never waited for M"
+                await asyncio.sleep(0.02)
+            # X now wants L: the batch must not be holding it.
+            await x.execute("SET LOCAL lock_timeout = '20s'")
+            await x.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR NO KEY UPDATE", (leaf,))
+            await x.commit()
+            statuses = [s for _, _, s in await asyncio.wait_for(batch, 30)]
+        assert statuses == ["discarded", "applied"]
+        states = {r["id"]: r["state"] for r in await fetch(
+            conn, "SELECT id, state FROM cyclone_runs WHERE id = ANY(%s)", [uuid.UUID(top), mid, leaf])}
+        assert states == {uuid.UUID(top): "failed", mid: "cancelled", leaf: "completed"}
+    finally:
+        await e.close()
