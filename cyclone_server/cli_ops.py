@@ -25,8 +25,8 @@ from google.protobuf.message import Message
 from rich.console import Group
 from rich.live import Live
 
-from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
-                           workflows_pb2_grpc)
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, schedules_pb2_grpc, types_pb2,
+                           workflows_pb2, workflows_pb2_grpc)
 
 from cyclone_worker.values import to_value
 
@@ -51,6 +51,7 @@ class Client:
     def __init__(self, channel: grpc.aio.Channel, rpc_timeout: float) -> None:
         self.runs, self.timeout = runs_pb2_grpc.RunsStub(channel), rpc_timeout
         self.workflows, self.admin = workflows_pb2_grpc.WorkflowsStub(channel), admin_pb2_grpc.AdminStub(channel)
+        self.schedules = schedules_pb2_grpc.SchedulesStub(channel)
 
 
 # -- formatting ----------------------------------------------------------------------------

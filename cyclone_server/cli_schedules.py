@@ -8,48 +8,24 @@ message on stderr), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import grpc
-from google.protobuf import duration_pb2, json_format, struct_pb2
 from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2
+from cyclone_proto import runs_pb2, schedules_pb2, types_pb2
+from cyclone_worker.values import to_value
 
-from .auth import SecurityConfigError, open_channel
-from .cli_ops import duration
-from .cli_show import console
+from .cli_ops import Client, _json_arg, _pb_duration, _runner, duration
+from .cli_show import as_json, console, ts
 
 POLICIES = ["skip", "buffer_one", "allow_all", "cancel_previous"]
 
 
-class Stubs:
-    """The stubs a command calls, over one channel."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.schedules = schedules_pb2_grpc.SchedulesStub(channel)
-        self.runs = runs_pb2_grpc.RunsStub(channel)
-
-
-Command = Callable[[Stubs, argparse.Namespace], Awaitable[int]]
-
-
-def _pb_duration(seconds: float) -> duration_pb2.Duration:
-    return duration_pb2.Duration(seconds=int(seconds), nanos=int(round(seconds % 1 * 1e9)))
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
 
 
 def _when(text: str) -> datetime:
@@ -58,12 +34,6 @@ def _when(text: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time like 2027-01-01T00:00:00Z") from None
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
-
-
-def _ts(msg: Message, field: str) -> str:
-    if not msg.HasField(field):
-        return "-"
-    return getattr(msg, field).ToDatetime(tzinfo=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _policy(value: int) -> str:
@@ -84,8 +54,7 @@ def _target(s: schedules_pb2.ScheduleSettings) -> str:
 
 def _print(a: argparse.Namespace, msg: Message | list[Message], render: Callable[[Console], None]) -> int:
     if a.json:
-        one = lambda m: json_format.MessageToDict(m, preserving_proto_field_name=True)  # noqa: E731
-        print(json.dumps([one(m) for m in msg] if isinstance(msg, list) else one(msg), indent=2, ensure_ascii=False))
+        print(as_json(msg))
     else:
         render(console())
     return 0
@@ -97,15 +66,15 @@ def _show_one(a: argparse.Namespace, s: schedules_pb2.Schedule, note: str = "") 
         out.print(f"schedule  {s.name}  {state}{note}")
         out.print(f"target    {_target(s.settings)}")
         out.print(f"spec      {_spec(s.settings)}   overlap {_policy(s.settings.overlap)}")
-        out.print(f"next      {_ts(s, 'next_fire_at')} UTC   last {_ts(s, 'last_fire_at')} UTC"
-                  + (f"   buffered {_ts(s, 'buffered_fire_at')} UTC" if s.HasField("buffered_fire_at") else ""))
+        out.print(f"next      {ts(s, 'next_fire_at')} UTC   last {ts(s, 'last_fire_at')} UTC"
+                  + (f"   buffered {ts(s, 'buffered_fire_at')} UTC" if s.HasField("buffered_fire_at") else ""))
         out.print(f"counts    fires {s.fires}   misses {s.misses}   skips {s.skips}")
         if s.settings.note:
             out.print(f"note      {s.settings.note}")
         if s.recent_runs:
             table = Table("RUN", "FIRE TIME (UTC)", "STATE", box=None, pad_edge=False)
             for r in s.recent_runs:
-                table.add_row(r.run_id, _ts(r, "fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
+                table.add_row(r.run_id, ts(r, "fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
                     "RUN_STATE_").lower())
             out.print()
             out.print(table)
@@ -116,7 +85,7 @@ def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
     s = schedules_pb2.ScheduleSettings(note=a.note or "")
     if a.overlap:
         s.overlap = schedules_pb2.OverlapPolicy.Value("OVERLAP_POLICY_" + a.overlap.upper())
-    input_ = json_format.ParseDict(a.input, struct_pb2.Value()) if a.input is not None else None
+    input_ = to_value(a.input, "input") if a.input is not None else None
     if a.workflow:
         s.run.CopyFrom(runs_pb2.SubmitRunRequest(workflow=a.workflow, version=a.version, priority=a.priority))
         target: Any = s.run
@@ -144,11 +113,11 @@ def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
     return s
 
 
-async def cmd_list(c: Stubs, a: argparse.Namespace) -> int:
+async def cmd_list(c: Client, a: argparse.Namespace) -> int:
     req = schedules_pb2.ListSchedulesRequest(name_prefix=a.prefix, limit=1000)
     found: list[schedules_pb2.Schedule] = []
     while True:
-        resp = await c.schedules.ListSchedules(req, timeout=a.rpc_timeout)
+        resp = await c.schedules.ListSchedules(req, timeout=c.timeout)
         found.extend(resp.schedules)
         if not resp.next_page_token:
             break
@@ -159,79 +128,61 @@ async def cmd_list(c: Stubs, a: argparse.Namespace) -> int:
                       box=None, pad_edge=False)
         for s in found:
             table.add_row(s.name, _target(s.settings), _spec(s.settings), _policy(s.settings.overlap),
-                          "paused" if s.paused else "active", _ts(s, "next_fire_at"), str(s.fires), str(s.misses),
+                          "paused" if s.paused else "active", ts(s, "next_fire_at"), str(s.fires), str(s.misses),
                           str(s.skips))
         out.print(table)
     return _print(a, found, render)
 
 
-async def cmd_get(c: Stubs, a: argparse.Namespace) -> int:
-    return _show_one(a, await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=a.rpc_timeout))
+async def cmd_get(c: Client, a: argparse.Namespace) -> int:
+    return _show_one(a, await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=c.timeout))
 
 
-async def cmd_create(c: Stubs, a: argparse.Namespace) -> int:
+async def cmd_create(c: Client, a: argparse.Namespace) -> int:
     resp = await c.schedules.CreateSchedule(schedules_pb2.CreateScheduleRequest(
-        name=a.name, settings=settings_of(a), paused=a.paused), timeout=a.rpc_timeout)
+        name=a.name, settings=settings_of(a), paused=a.paused), timeout=c.timeout)
     return _show_one(a, resp.schedule, "" if resp.created else " (no change: it already was)")
 
 
-async def cmd_update(c: Stubs, a: argparse.Namespace) -> int:
+async def cmd_update(c: Client, a: argparse.Namespace) -> int:
     s = await c.schedules.UpdateSchedule(schedules_pb2.UpdateScheduleRequest(name=a.name, settings=settings_of(a)),
-                                  timeout=a.rpc_timeout)
+                                  timeout=c.timeout)
     return _show_one(a, s)
 
 
 def _action(rpc: str, request: Callable[[str], Message]) -> Command:
-    async def cmd(c: Stubs, a: argparse.Namespace) -> int:
-        resp = await getattr(c.schedules, rpc)(request(a.name), timeout=a.rpc_timeout)
+    async def cmd(c: Client, a: argparse.Namespace) -> int:
+        resp = await getattr(c.schedules, rpc)(request(a.name), timeout=c.timeout)
         return _show_one(a, resp.schedule, "" if resp.applied else " (no change: it already was)")
     return cmd
 
 
-async def cmd_runs(c: Stubs, a: argparse.Namespace) -> int:
+async def cmd_runs(c: Client, a: argparse.Namespace) -> int:
     # NOT_FOUND for a mistyped name, rather than an empty table.
-    await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=a.rpc_timeout)
-    resp = await c.runs.ListRuns(runs_pb2.ListRunsRequest(schedule=a.name, limit=a.limit), timeout=a.rpc_timeout)
+    await c.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(name=a.name), timeout=c.timeout)
+    resp = await c.runs.ListRuns(runs_pb2.ListRunsRequest(schedule=a.name, limit=a.limit), timeout=c.timeout)
 
     def render(out: Console) -> None:
         table = Table("RUN", "FIRE TIME (UTC)", "STATE", "CREATED (UTC)", "FINISHED (UTC)", box=None, pad_edge=False)
         for r in resp.runs:
-            table.add_row(r.id, _ts(r, "schedule_fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
-                "RUN_STATE_").lower(), _ts(r, "created_at"), _ts(r, "finished_at"))
+            table.add_row(r.id, ts(r, "schedule_fire_at"), types_pb2.RunState.Name(r.state).removeprefix(
+                "RUN_STATE_").lower(), ts(r, "created_at"), ts(r, "finished_at"))
         out.print(table)
     return _print(a, list(resp.runs), render)
 
 
-async def cmd_delete(c: Stubs, a: argparse.Namespace) -> int:
-    resp = await c.schedules.DeleteSchedule(schedules_pb2.DeleteScheduleRequest(name=a.name), timeout=a.rpc_timeout)
+async def cmd_delete(c: Client, a: argparse.Namespace) -> int:
+    resp = await c.schedules.DeleteSchedule(schedules_pb2.DeleteScheduleRequest(name=a.name), timeout=c.timeout)
     return _print(a, resp, lambda out: out.print(f"schedule {a.name} deleted (its runs stay)"))
 
 
-async def cmd_trigger(c: Stubs, a: argparse.Namespace) -> int:
+async def cmd_trigger(c: Client, a: argparse.Namespace) -> int:
     overlap = schedules_pb2.OverlapPolicy.Value("OVERLAP_POLICY_" + a.overlap.upper()) if a.overlap else 0
     resp = await c.schedules.TriggerSchedule(schedules_pb2.TriggerScheduleRequest(name=a.name, overlap=overlap),
-                                      timeout=a.rpc_timeout)
+                                      timeout=c.timeout)
     outcome = schedules_pb2.FireOutcome.Name(resp.outcome).removeprefix("FIRE_OUTCOME_").lower()
     return _print(a, resp, lambda out: out.print(
         f"schedule {a.name}: {outcome}" + (f", run {resp.run_id}" if resp.run_id else "")))
-
-
-def _runner(cmd: Command) -> Callable[[argparse.Namespace], int]:
-    async def go(a: argparse.Namespace) -> int:
-        async with open_channel(a.address, token=a.token or None, tls=a.tls, ca_file=a.ca_file,
-                                cert_file=a.client_cert, key_file=a.client_key) as channel:
-            return await cmd(Stubs(channel), a)
-
-    def run(a: argparse.Namespace) -> int:
-        try:
-            return asyncio.run(go(a))
-        except (grpc.aio.AioRpcError, SecurityConfigError) as e:
-            rpc_error = isinstance(e, grpc.aio.AioRpcError)
-            print(f"cyclone: {e.code().name}: {e.details()}" if rpc_error else f"cyclone: {e}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            return 130
-    return run
 
 
 def _settings_arguments(p: argparse.ArgumentParser) -> None:
@@ -243,7 +194,7 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--every", type=duration, help="a fixed interval, e.g. 30s, 15m")
     p.add_argument("--time-zone", default="UTC", help="IANA time zone of --cron (default UTC)")
     p.add_argument("--offset", type=duration, default=0.0, help="shift of --every from the epoch grid")
-    p.add_argument("--input", type=_json, help="run input as JSON (default null)")
+    p.add_argument("--input", type=_json_arg, help="run input as JSON (default null)")
     p.add_argument("--version", type=int, default=0, help="workflow version (default: the latest)")
     p.add_argument("--priority", type=int, default=0, help="each run's priority (lower is claimed first)")
     p.add_argument("--max-attempts", type=int, help="job option (--job)")
