@@ -37,10 +37,12 @@ def profile(pg: EmbeddedPostgres, args, workdir: Path) -> None:
             return
         # Starts with the drain and samples the server for --profile-seconds; the drain does
         # not wait for it.
-        spies.append(subprocess.Popen(
-            [pyspy, "record", "-d", str(args.profile_seconds), "-r", "200", "-p", str(stage.server.pid),
-             "-o", str(out / "server.pyspy"), "--format", "raw", "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=open(out / "py-spy.log", "w")))
+        # The server, and the first worker process.
+        for name, pid in (("server", stage.server.pid), ("worker", stage.procs[0].pid)):
+            spies.append(subprocess.Popen(
+                [pyspy, "record", "-d", str(args.profile_seconds), "-r", "200", "-p", str(pid),
+                 "-o", str(out / f"{name}.pyspy"), "--format", "raw", "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=open(out / f"py-spy-{name}.log", "w")))
 
     d = drain_cyclone(pg, "peers_profile", args.jobs, 2, args.timeout, workdir, during=record)
     for spy in spies:

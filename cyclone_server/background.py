@@ -14,14 +14,19 @@ log = logging.getLogger(__name__)
 
 RETENTION_BATCH = 1000
 RETENTION_MAX_BATCHES = 20  # per pass, so one pass never holds the database for long
+# Child settling runs at most this often: every call that ends a child run settles its
+# parent node itself, so this pass is the backstop (for a server that died in between), and
+# while runs end by the thousand it must not scan once per commit.
+SETTLE_MIN_INTERVAL = 0.05
 
 
 class Background:
     """Periodic work of one server.
 
     - every `sweep_interval`: the recovery sweep and the wait scanners (Engine.sweep);
-    - on each 'cyclone_run_ended' notification too: child-node settling, so a parent node
-      ends right after its child run instead of at the next sweep;
+    - on 'cyclone_run_ended' notifications too (at most once per SETTLE_MIN_INTERVAL):
+      child-node settling, so a parent node ends right after its child run instead of at
+      the next sweep, even when the call that ended the child could not settle it;
     - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
       runs older than `retention_default_age` (per-step retention honoured) in bounded batches.
 
@@ -89,11 +94,14 @@ class Background:
             self.counts.update(done)
 
     async def _settle_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._run_ended.wait()
             # Cleared before the query: a run that ends while it runs sets it again.
             self._run_ended.clear()
+            began = loop.time()
             await self._guarded(self._settle, "child settling")
+            await asyncio.sleep(max(0.0, began + SETTLE_MIN_INTERVAL - loop.time()))
 
     async def _settle(self) -> None:
         n = await self.engine.settle_children(limit=500)

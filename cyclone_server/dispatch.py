@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import grpc
@@ -26,6 +26,7 @@ from .engine import Engine, Result, parse_id
 from .errors import CycloneError, InvalidArgument
 
 log = logging.getLogger(__name__)
+_loads = json.loads
 
 LeaseKey = tuple[str, int]  # (step_id, lease_generation)
 
@@ -55,7 +56,7 @@ class HeldLease:
     run_id: str | None = None
     kind: str | None = None
     attempt: int = 0
-    attempt_deadline: datetime | None = None
+    attempt_deadline_us: int | None = None  # microseconds since the epoch
     result_pending: bool = False  # a StepResult is on its way to the database
     trace: tracing.StepSpan | None = None  # the step's span, when the server traces
     pushed_at: float = field(default_factory=time.monotonic)  # for the execution-time metric
@@ -81,12 +82,36 @@ class WorkerConn:
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     last_pong: float = field(default_factory=time.monotonic)
     unacked: int = 0  # results submitted and not yet acked
+    answered: int = 0  # leases in `held` whose result arrived (result_pending): no longer running
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
 
     @property
+    def running(self) -> int:
+        """Leases the worker still runs: held and not yet answered."""
+        return len(self.held) - self.answered
+
+    @property
     def free_slots(self) -> int:
-        return 0 if self.closed or self.draining else max(0, self.slots - len(self.held))
+        """`slots` is how many steps the worker runs at once, so a slot frees as soon as
+        the lease's result arrives: the next lease is claimed while that result commits."""
+        return 0 if self.closed or self.draining else max(0, self.slots - self.running)
+
+    def answer(self, key: LeaseKey) -> HeldLease | None:
+        """A result for the lease `key` arrived: its slot is free (the lease stays held,
+        and renewed, until the result is applied and acked)."""
+        held = self.held.get(key)
+        if held is not None and not held.result_pending:
+            held.result_pending = True
+            self.answered += 1
+        return held
+
+    def forget(self, key: LeaseKey) -> HeldLease | None:
+        """The lease `key` is over (acked, stopped or refused)."""
+        held = self.held.pop(key, None)
+        if held is not None and held.result_pending:
+            self.answered -= 1
+        return held
 
     def send(self, msg: pb.ServerMessage) -> None:
         if not self.closed:
@@ -105,48 +130,51 @@ class WorkerConn:
             self.end()
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+def _set_time_us(ts: Any, us: int) -> None:
+    """Microseconds since the epoch into the Timestamp `ts` (what Timestamp.FromDatetime
+    makes of the same instant)."""
+    ts.seconds, micros = divmod(us, 1_000_000)
+    ts.nanos = micros * 1000
 
 
-def _set_time(ts: Any, dt: datetime) -> None:
-    """`dt` into the Timestamp `ts`, exactly as Timestamp.FromDatetime would, by datetime
-    arithmetic (in C) rather than FromDatetime's calendar conversion in Python."""
-    d = (dt if dt.tzinfo is not None else dt.replace(tzinfo=timezone.utc)) - _EPOCH
-    ts.seconds = d.days * 86400 + d.seconds
-    ts.nanos = d.microseconds * 1000
-
-
-def lease_message(row: dict[str, Any], lease: pb.Lease | None = None) -> pb.Lease:
-    """The Lease for a claimed row, filled into `lease` when given (an element added to the
-    outgoing Leases, so that nothing is built twice and copied). The input and the parents
-    are converted straight into the message's own fields, the times set field by field.
-    On the wire it is the same message as ever, field for field (`parents` is present,
-    empty, for a step without parents)."""
+def lease_message(row: Any, lease: pb.Lease | None = None) -> pb.Lease:
+    """The Lease for a claimed row (Engine.claim_leases), filled into `lease` when given (an
+    element added to the outgoing Leases, so that nothing is built twice and copied). The
+    input and the parents arrive as JSON text and go straight into the message's own
+    fields; the times arrive in microseconds. On the wire it is the same message as ever,
+    field for field (`parents` is present, empty, for a step without parents)."""
     if lease is None:
         lease = pb.Lease()
-    lease.run_id = str(row["run_id"])
-    lease.step_id = str(row["step_id"])
-    lease.node = row["node"]
-    lease.kind = row["kind"]
-    lease.attempt = row["attempt"]
-    lease.max_attempts = row["max_attempts"]
-    lease.reclaims = row["reclaims"]
-    lease.snoozes = row["snoozes"]
-    lease.lease_generation = row["lease_generation"]
-    fill_stored(lease.input, row["input"])
-    parents = row["parents"]
-    if parents:
+    lease.run_id = row.run_id
+    lease.step_id = row.step_id
+    lease.node = row.node
+    lease.kind = row.kind
+    lease.attempt = row.attempt
+    lease.max_attempts = row.max_attempts
+    lease.reclaims = row.reclaims
+    lease.snoozes = row.snoozes
+    lease.lease_generation = row.lease_generation
+    fill_stored(lease.input, None if row.input is None else _loads(row.input))
+    if row.parents is not None:
         fields = lease.parents.fields
-        for key, item in parents.items():
+        for key, item in _loads(row.parents).items():
             fill_stored(fields[key], item)
     else:
         lease.parents.SetInParent()
-    _set_time(lease.lease_expiry, row["lease_expiry"])
-    if row["attempt_deadline"] is not None:
-        _set_time(lease.attempt_deadline, row["attempt_deadline"])
-    if row["trace_context"]:
-        lease.trace_context.CopyFrom(tracing.lease_context(row["trace_context"]))
+    _set_time_us(lease.lease_expiry, row.lease_expiry_us)
+    if row.attempt_deadline_us is not None:
+        _set_time_us(lease.attempt_deadline, row.attempt_deadline_us)
+    if row.trace_context:
+        lease.trace_context.CopyFrom(tracing.lease_context(row.trace_context))
     return lease
+
+
+def _traced(row: Any) -> tuple[Any, tracing.StepSpan | None]:
+    """A claimed row of a run with a trace context: its step span (None when the server
+    does not trace), and the row with the context the lease carries (the span's)."""
+    fields = row._asdict()
+    trace = tracing.step_claimed(fields)
+    return row._replace(trace_context=fields["trace_context"]), trace
 
 
 def to_result(r: pb.StepResult) -> Result | str:
@@ -281,7 +309,7 @@ class Dispatcher:
             if not kinds or want <= 0:
                 continue
             try:
-                rows = await self.engine.claim(conn.worker_id, kinds, want, self.lease_ttl)
+                rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
             except psycopg.DataError as e:  # this worker's data, not the database: serve the others
                 log.warning("claim for worker %r failed: %s", conn.worker_id, e)
                 continue
@@ -289,22 +317,26 @@ class Dispatcher:
                 exhausted.update(kinds)
             if not rows:
                 continue
-            for row in rows:
-                conn.held[(str(row["step_id"]), row["lease_generation"])] = HeldLease(
-                    run_id=str(row["run_id"]), kind=row["kind"], attempt=row["attempt"],
-                    attempt_deadline=row["attempt_deadline"], trace=tracing.step_claimed(row))
-                self.stats["claims"][row["kind"]] += 1
+            claims = self.stats["claims"]
+            held = conn.held
             # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
             msg = pb.ServerMessage()
-            leases = msg.leases.leases
+            add = msg.leases.leases.add
             for row in rows:
-                lease_message(row, leases.add())
+                trace = None
+                if row.trace_context:
+                    row, trace = _traced(row)
+                held[(row.step_id, row.lease_generation)] = HeldLease(
+                    run_id=row.run_id, kind=row.kind, attempt=row.attempt,
+                    attempt_deadline_us=row.attempt_deadline_us, trace=trace)
+                claims[row.kind] += 1
+                lease_message(row, add())
             conn.send(msg)
             for row in rows:  # from claimable (scheduled_at) to pushed
                 for observe in self.latency_observers:
-                    observe(row["waited"])
+                    observe(row.waited)
                 for observe_kind in self.claim_observers:
-                    observe_kind(row["kind"], row["waited"])
+                    observe_kind(row.kind, row.waited)
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         if not waiting:
             return None
@@ -321,7 +353,7 @@ class ResultCommitter:
     """
 
     def __init__(self, engine: Engine, *, stats: dict[str, Any], on_applied: Callable[[], None],
-                 window: float = 0.005, max_batch: int = 200, parallel: int = 2) -> None:
+                 window: float = 0.0, max_batch: int = 200, parallel: int = 2) -> None:
         self.engine = engine
         self.stats = stats
         self.on_applied = on_applied
@@ -334,9 +366,7 @@ class ResultCommitter:
 
     def submit(self, conn: WorkerConn, result: Result, wire_step_id: str) -> None:
         """Queue a result; its ack echoes `wire_step_id`, the step id as the worker wrote it."""
-        held = conn.held.get((result.step_id, result.generation))
-        if held is not None:
-            held.result_pending = True
+        conn.answer((result.step_id, result.generation))
         conn.unacked += 1
         self._queue.put_nowait((conn, result, wire_step_id))
 
@@ -435,7 +465,7 @@ class ResultCommitter:
         acks: dict[WorkerConn, pb.ServerMessage] = {}
         for (conn, _, wire_step_id), (r, status) in zip(batch, applied):
             key = (r.step_id, r.generation)
-            held = conn.held.pop(key, None)  # the lease is over whatever the status: the slot frees
+            held = conn.forget(key)  # the lease is over whatever the status
             kind = held.kind if held is not None and held.kind else "unknown"
             self._count(kind, r, status)
             if held is not None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, namedtuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
@@ -96,6 +96,21 @@ class Result:
     # failed attempt that replaces it, so that no lease outlives an answer nobody can apply.
     invalid: str | None = None
 
+    def batch_item(self, step_id: str, max_output_bytes: int) -> str:
+        """`as_json` as JSON text, for the batch `apply_results` writes, with `step_id` (this
+        result's id in canonical form). A completion's output is serialized once, and that
+        text is both measured and sent (the id is a canonical UUID and the output text what
+        `json.dumps` wrote: nothing in either can break out of the element)."""
+        if self.outcome != "completed" or self.oversized_output_bytes is not None:
+            d = self.as_json(max_output_bytes)
+            d["step_id"] = step_id
+            return _compact(d)
+        text = _compact(self.output)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        head = f'{{"step_id":"{step_id}","generation":{int(self.generation)},"outcome":"completed","output_bytes":{size}'
+        return head + "}" if size > max_output_bytes else f'{head},"output":{text}}}'
+
+
     def as_json(self, max_output_bytes: int) -> dict[str, Any]:
         """The element of cyclone_results_apply's batch. An output over `max_output_bytes`
         is left out: only its size goes to the database, which discards the step."""
@@ -127,9 +142,13 @@ def parse_id(value: str, field: str) -> uuid.UUID:
         raise InvalidArgument(f"{field}: {value!r} is not a valid id") from None
 
 
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def payload_size(value: Any) -> int:
     """A payload's size as compact JSON: the measure of every payload limit."""
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return len(_compact(value).encode("utf-8", "surrogatepass"))
 
 
 def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> int:
@@ -401,6 +420,24 @@ class Engine:
         return await self._all("steps_claim", owner=owner, kinds=list(kinds), limit=limit,
                                lease_ttl=_seconds(lease_ttl))
 
+    async def claim_leases(self, owner: str, kinds: Sequence[str], limit: int, lease_ttl: float) -> list[Any]:
+        """`claim` for the dispatcher: named tuples with the columns as a Lease carries them
+        (`steps_claim_leases` in queries.sql: ids as text, times in microseconds since the
+        epoch, input and parents as JSON text, parents None when the node has none)."""
+        if limit <= 0 or not kinds:
+            return []
+        try:
+            async with self.pool.connection() as conn:
+                cur = conn.cursor(row_factory=namedtuple_row)
+                await cur.execute(Q["steps_claim_leases"], {"owner": owner, "kinds": list(kinds), "limit": limit,
+                                                            "lease_ttl": _seconds(lease_ttl)})
+                return await cur.fetchall()
+        except psycopg.Error as e:
+            translated = _translate(e)
+            if translated is None:
+                raise
+            raise translated from e
+
     async def apply_results(self, results: Sequence[Result]) -> list[tuple[str, int, str]]:
         """Apply many results in one transaction; returns (step_id, generation, status) each.
 
@@ -411,8 +448,7 @@ class Engine:
         applied, the later ones 'ended'). Once the batch committed, the parent nodes of the
         child runs it ended are settled (`settle_parents`) before this returns.
         """
-        for r in results:
-            parse_id(r.step_id, "step_id")
+        ids = [str(parse_id(r.step_id, "step_id")) for r in results]  # canonical: safe in JSON text
         out: list[str | None] = [None] * len(results)
         ended_children: list[uuid.UUID] = []
         # A failure can discard its step, and fail-fast then cancels the child runs below it,
@@ -425,9 +461,8 @@ class Engine:
         groups += [[i for i, r in enumerate(results) if r.step_id == s] for s in failing]
         for pending in groups:
             while pending:  # each call applies at least the results of the first run it locks
-                rows = await self._all("results_apply",
-                                       results=Jsonb([results[i].as_json(self.max_payload_bytes) for i in pending]),
-                                       max_output_bytes=self.max_payload_bytes)
+                batch = "[" + ",".join(results[i].batch_item(ids[i], self.max_payload_bytes) for i in pending) + "]"
+                rows = await self._all("results_apply", results=batch, max_output_bytes=self.max_payload_bytes)
                 busy = []
                 for row in rows:
                     i = pending[row["idx"] - 1]

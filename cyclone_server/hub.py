@@ -237,7 +237,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             result = to_result(r)
             if isinstance(result, str):  # the step id is not an id: no step to answer
                 status, _, detail = result.partition(": ")
-                conn.held.pop((r.step_id, r.lease_generation), None)
+                conn.forget((r.step_id, r.lease_generation))
                 self.stats["fenced_results"][status] += 1
                 refused.append(ack(r.step_id, r.lease_generation, status, detail or None))
             else:
@@ -249,6 +249,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 self.committer.submit(conn, result, r.step_id)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))
+        self.wake()  # the answered leases' slots are free
 
     async def _ping(self, conn: WorkerConn) -> None:
         nonce = 0
@@ -294,7 +295,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         if stream is None:
             return None
         return {"worker_id": conn.worker_id, "conn_id": stream[0], "sdk": conn.sdk, "kinds": conn.kinds,
-                "slots": conn.slots, "leases_held": len(conn.held), "connected_at": stream[1].isoformat()}
+                "slots": conn.slots, "leases_held": conn.running, "connected_at": stream[1].isoformat()}
 
     async def _beat(self, conns: list[WorkerConn], *, takeover: bool = False) -> None:
         rows = [r for r in map(self._registry_row, conns) if r is not None]
@@ -333,7 +334,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             return
         for reason, keys in by_reason.items():
             for key in keys:
-                held = conn.held.pop(key, None)
+                held = conn.forget(key)
                 tracing.leases_ended([held.trace if held is not None else None], reason)
             self.stats["stops"][reason] += len(keys)
             conn.send(pb.ServerMessage(stop=pb.Stop(
@@ -352,7 +353,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                     runs[run_id] = {str(s["id"]): s for s in run["steps"]}
                 except CycloneError:  # purged meanwhile
                     runs[run_id] = {}
-        now = datetime.now(timezone.utc)
+        now_us = int(time.time() * 1_000_000)
         reasons = []
         for key, lease in leases.items():
             step = runs.get(lease.run_id or "", {}).get(key[0])
@@ -362,7 +363,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             elif step is not None and errors and errors[-1].get("error_kind") == "timeout" \
                     and errors[-1].get("attempt") == lease.attempt:
                 reasons.append("timeout")
-            elif step is None and lease.attempt_deadline is not None and lease.attempt_deadline <= now:
+            elif step is None and lease.attempt_deadline_us is not None and lease.attempt_deadline_us <= now_us:
                 reasons.append("timeout")
             else:
                 reasons.append("fenced")

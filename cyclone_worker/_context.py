@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Context", "CancelFlag", "CompletionTx"]
 
+_UNSET: Any = object()
+
 
 class CancelFlag:
     """Set when the step's handler must stop; awaitable like asyncio.Event, readable from any thread.
@@ -117,10 +119,11 @@ class Context:
         self.reclaims: int = lease.reclaims
         self.snoozes: int = lease.snoozes
         self.lease_generation: int = lease.lease_generation
-        self.input: Any = from_value(lease.input) if lease.HasField("input") else None
-        self.parents: dict[str, Any] = from_struct(lease.parents)
-        self.attempt_deadline: datetime | None = (
-            from_timestamp(lease.attempt_deadline) if lease.HasField("attempt_deadline") else None)
+        # input, parents and attempt_deadline are converted from the lease on first use.
+        self._lease = lease
+        self._input: Any = _UNSET
+        self._parents: Any = _UNSET
+        self._deadline: Any = _UNSET
         self.worker_id = worker_id
         #: The W3C trace context the step runs under (Lease.trace_context; "" when none). With
         #: the `otel` extra the handler's span is current already; these are for logs.
@@ -130,6 +133,41 @@ class Context:
         self._pool = pool
         # Set once completion_tx committed: the step is already completed in the database.
         self.completed_in_tx = False
+
+    @property
+    def input(self) -> Any:
+        """The run's input (JSON: dict, list, str, number, bool or None)."""
+        if self._input is _UNSET:
+            lease = self._lease
+            self._input = from_value(lease.input) if lease.HasField("input") else None
+        return self._input
+
+    @input.setter
+    def input(self, value: Any) -> None:
+        self._input = value
+
+    @property
+    def parents(self) -> dict[str, Any]:
+        """The outputs of the node's dependencies, by node id ({} for none)."""
+        if self._parents is _UNSET:
+            self._parents = from_struct(self._lease.parents)
+        return self._parents  # type: ignore[no-any-return]
+
+    @parents.setter
+    def parents(self, value: dict[str, Any]) -> None:
+        self._parents = value
+
+    @property
+    def attempt_deadline(self) -> datetime | None:
+        """When this attempt times out (None: the node has no attempt timeout)."""
+        if self._deadline is _UNSET:
+            lease = self._lease
+            self._deadline = from_timestamp(lease.attempt_deadline) if lease.HasField("attempt_deadline") else None
+        return self._deadline  # type: ignore[no-any-return]
+
+    @attempt_deadline.setter
+    def attempt_deadline(self, value: datetime | None) -> None:
+        self._deadline = value
 
     @property
     def log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]

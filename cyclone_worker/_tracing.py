@@ -149,10 +149,13 @@ async def traced(h: Held, execute: Callable[[Held], Awaitable[None]]) -> None:
     id, node, kind, attempt, lease generation, and the outcome (completed, failed,
     discarded for a permanent failure, snoozed, stopped)."""
     api = _otel()
-    if api is None:
+    lease = h.lease
+    if api is None or (isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
+                       and not lease.trace_context.traceparent):
+        # No OpenTelemetry, or no tracer provider set and no context to pass on: the span
+        # would be a no-op one, and nothing would carry it.
         await execute(h)
         return
-    lease = h.lease
     parent = None
     if lease.HasField("trace_context") and lease.trace_context.traceparent:
         parent = api.w3c.extract({"traceparent": lease.trace_context.traceparent,

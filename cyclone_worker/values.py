@@ -121,7 +121,39 @@ def from_value(v: struct_pb2.Value | None, path: str = "value", *, strict: bool 
     """
     if v is None:
         return None
-    return _read(v, path, 0, strict)
+    try:
+        return _read_fast(v, 0, strict)
+    except ValueError:
+        return _read(v, path, 0, strict)  # again, naming the path of what was refused
+
+
+def _read_fast(v: struct_pb2.Value, depth: int, strict: bool) -> Any:
+    """`_read` without building the paths it would name in an error (most reads have none)."""
+    which = v.WhichOneof("kind")
+    if which == "string_value":
+        text = v.string_value
+        if strict and "\x00" in text:
+            raise ValueError
+        return text
+    if which == "number_value":
+        n = v.number_value
+        if strict and not math.isfinite(n):
+            raise ValueError
+        return int(n) if n.is_integer() and abs(n) <= _MAX_SAFE_INT else n
+    if which is None or which == "null_value":
+        return None
+    if which == "bool_value":
+        return v.bool_value
+    if strict and depth >= MAX_JSON_DEPTH:
+        raise ValueError
+    if which == "struct_value":
+        out = {}
+        for key, item in v.struct_value.fields.items():
+            if strict and "\x00" in key:
+                raise ValueError
+            out[key] = _read_fast(item, depth + 1, strict)
+        return out
+    return [_read_fast(item, depth + 1, strict) for item in v.list_value.values]
 
 
 def _read(v: struct_pb2.Value, path: str, depth: int, strict: bool) -> Any:
@@ -183,7 +215,15 @@ def from_struct(s: struct_pb2.Struct | None, path: str = "value", *, strict: boo
     """A Struct as a plain dict (`strict` as for from_value)."""
     if s is None:
         return {}
-    return _read_struct(s, path, 1, strict)
+    try:
+        out = {}
+        for key, item in s.fields.items():
+            if strict and "\x00" in key:
+                raise ValueError
+            out[key] = _read_fast(item, 1, strict)
+        return out
+    except ValueError:
+        return _read_struct(s, path, 1, strict)  # again, naming the path of what was refused
 
 
 def seconds_of(d: Seconds, field: str = "duration") -> float:

@@ -391,20 +391,28 @@ BEGIN
            AND r.state IN ('completed', 'failed', 'cancelled');
     END IF;
 
+    -- The jobs completed above, in one go; the loop below answers the rest one by one.
+    IF fast IS NOT NULL THEN
+        RETURN QUERY
+            SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
+                   NULL::uuid
+              FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+             WHERE e.ord::integer = ANY (fast);
+    END IF;
+
     FOR x IN
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                e.v AS e, s.run_id
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
           LEFT JOIN cyclone_steps s ON s.id = (e.v ->> 'step_id')::uuid
+         WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
          ORDER BY s.run_id NULLS FIRST, e.ord
     LOOP
         idx := x.i;
         step_id := x.sid;
         lease_generation := x.gen;
         ended_child_run := NULL;
-        IF x.i = ANY (COALESCE(fast, '{}')) THEN
-            status := 'applied';
-        ELSIF x.i = ANY (COALESCE(dag, '{}')) THEN
+        IF x.i = ANY (COALESCE(dag, '{}')) THEN
             status := 'applied';
             IF x.run_id = ANY (COALESCE(dag_children, '{}')) AND x.run_id IS DISTINCT FROM reported THEN
                 ended_child_run := x.run_id;  -- once per run
