@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
 
@@ -155,6 +156,29 @@ async def test_leases_never_exceed_slots_and_follow_results(channel, workers) ->
     assert done == 5
     for j in jobs:
         assert (await get_step(channel, j.run_id)).state == types_pb2.STEP_STATE_COMPLETED
+
+
+async def test_a_slot_frees_when_its_result_arrives_while_the_result_commits(channel, workers, db_url) -> None:
+    """`slots` is how many leases a worker runs at once: once a lease's result reaches the
+    server, the next lease is pushed while that result is still being applied (held up
+    here by a lock on its run), and the ack follows when it commits."""
+    await enqueue(channel, "resize", 2)
+    w = workers(["resize"], 1)
+    await w.connect()
+    (first,) = await w.leases(1)
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", [first.run_id])
+            await w.send(completed(first))
+            (second,) = await w.leases(1)
+            assert second.step_id != first.step_id
+            assert w.inbox["acks"].empty(), "the first result cannot have been applied: its run is locked"
+    (a,) = await w.acks(1)
+    assert (a.step_id, a.status) == (first.step_id, pb.ACK_STATUS_APPLIED)
+    await w.send(completed(second))
+    (b,) = await w.acks(1)
+    assert (b.step_id, b.status) == (second.step_id, pb.ACK_STATUS_APPLIED)
+    assert (await get_step(channel, first.run_id)).state == types_pb2.STEP_STATE_COMPLETED
 
 
 async def test_results_batched_in_one_message_each_get_an_ack(channel, workers) -> None:
