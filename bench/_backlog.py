@@ -140,6 +140,79 @@ def drain_backlog(pg: EmbeddedPostgres, template: str, backlog: int, measure: in
     return d
 
 
+def drain_all(pg: EmbeddedPostgres, db: str, total_done: int, jobs: int, timeout: float, workdir: Path,
+              name: str) -> Drain:
+    """Start a server and 2 workers on `db` and drain until `total_done` runs are terminal;
+    measures the `jobs` completions of this drain (up to the last one's finished_at)."""
+    url = pg.url(db)
+    server, address = start_server(url, workdir)
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=cyclone_worker_main, args=(address, 64, ready, go), daemon=True) for _ in range(2)]
+    stage = Stage(pg, db, procs, ready, go, server)
+
+    def done(deadline: float) -> float:
+        poll_until(url, f"SELECT {MARK} count(*) FROM cyclone_runs WHERE {TERMINAL_RUNS}",
+                   lambda v: v >= total_done, deadline, interval=0.5)
+        with psycopg.connect(url) as c:
+            t_end = c.execute(f"SELECT {MARK} extract(epoch FROM max(finished_at)) FROM cyclone_runs").fetchone()[0]
+        return time.monotonic() - (time.time() - float(t_end))
+
+    return stage.run(name, jobs, done, timeout)
+
+
+def drain_twice(pg: EmbeddedPostgres, size: int, timeout: float, workdir: Path) -> list[Drain]:
+    """--backlog-twice: `size` committed jobs drained to the end, then `size` more loaded into
+    the same database and drained to the end. The first load is vacuumed and analyzed, as
+    for every drain here; the second is not (only a checkpoint): what the first drain left
+    behind is in the tables, and autovacuum (migration 0004's thresholds) does what it does.
+    Reports each drain's rate, and the steps and runs tables before and after each."""
+    db = "peers_backlog_twice"
+    url = create_db(pg, db)
+    migrate(url)
+    tables = ["cyclone_steps", "cyclone_runs"]
+    results = []
+    for phase in (1, 2):
+        note(f"backlog twice: loading million {phase}")
+        t = time.monotonic()
+        load_backlog_copies(url, size)
+        if phase == 1:
+            settle(url)
+        else:
+            with psycopg.connect(url, autocommit=True) as c:
+                c.execute("CHECKPOINT")
+        note(f"backlog twice: loaded in {time.monotonic() - t:.0f} s; draining all {size:,}")
+        before = table_report(url, tables)
+        d = drain_all(pg, db, phase * size, size, timeout, workdir, f"backlog twice, drain {phase}")
+        d.extra = {"backlog": size, "tuned": False, "before": before, "after": table_report(url, tables),
+                   "phase": phase}
+        note(f"backlog twice: drain {phase}: {d.rate:,.0f} jobs/s")
+        results.append(d)
+    with psycopg.connect(pg.url(), autocommit=True) as c:
+        c.execute(f"DROP DATABASE {db} WITH (FORCE)")
+    return results
+
+
+def report_twice(results: list[Drain]) -> None:
+    print(f"\nbacklog drained twice, Cyclone 2 workers x 64 slots, "
+          f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} load(1,5,15)={os.getloadavg()}")
+    rows = []
+    for d in results:
+        for t in ("cyclone_steps", "cyclone_runs"):
+            b, a = d.extra["before"][t], d.extra["after"][t]
+            rows.append([f"drain {d.extra['phase']}: {d.jobs:,} jobs", fmt_int(d.rate) if t == "cyclone_steps" else "",
+                         t, f"{fmt_int(b['live'])} -> {fmt_int(a['live'])}", f"{fmt_int(b['dead'])} -> {fmt_int(a['dead'])}",
+                         f"{b['table_bytes'] / 2**20:.1f} -> {a['table_bytes'] / 2**20:.1f}",
+                         f"{b['index_bytes'] / 2**20:.1f} -> {a['index_bytes'] / 2**20:.1f}",
+                         str(a["autovacuums"] - b["autovacuums"]),
+                         fmt_int(d.per_job(d.pg_cpu) * 1e6) if t == "cyclone_steps" else "",
+                         fmt_int(d.per_job(d.server_cpu) * 1e6) if t == "cyclone_steps" else ""])
+    print_rows(["drain", "jobs/s", "table", "live tuples", "dead tuples", "table MB", "indexes MB",
+                "autovacuums", "PG CPU us/job", "server CPU us/job"], rows)
+    if len(results) == 2:
+        print(f"\nratio second / first drain: {results[1].rate / results[0].rate:.2f}")
+
+
 def report_backlog(results: list[Drain], args) -> None:
     print(f"\nbacklog drain, Cyclone 2 workers x 64 slots, date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
           f"load(1,5,15)={os.getloadavg()}")

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
+    .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
 
 One embedded Postgres 18 with durable commits (fsync, synchronous_commit and full_page_writes
@@ -38,11 +39,17 @@ autovacuum settings docs/benchmarks.md suggests (TUNED_TABLES, naptime 10 s). It
 the rate of the first min(--jobs, backlog) completions, with buffers per claim and per
 results batch, dead tuples, HOT updates, autovacuum runs and table/index sizes.
 
+--backlog-twice: Cyclone (2 workers) only. --backlog-size jobs loaded (vacuumed and
+analyzed) and drained to the end; then as many again loaded into the same database, with
+no vacuum but autovacuum's own, and drained to the end. Both rates, and the live and dead
+tuples and sizes of the steps and runs tables before and after each drain.
+
 --profile DIR: one Cyclone drain (2 workers) with pg_stat_statements.track = all (nested
-statements inside the PL/pgSQL functions too), py-spy recording the server (raw collapsed
-stacks in DIR/server.pyspy), the statements in DIR/statements.txt, and EXPLAIN (ANALYZE,
-BUFFERS) of every statement inside one claim of 64 steps and one cyclone_results_apply of
-their 64 results (auto_explain, nested) in DIR/explain.txt.
+statements inside the PL/pgSQL functions too), py-spy recording the server and the first
+worker (raw collapsed stacks in DIR/server.pyspy and DIR/worker.pyspy), the statements in
+DIR/statements.txt, and EXPLAIN (ANALYZE, BUFFERS) of every statement inside one claim of
+64 steps and one cyclone_results_apply of their 64 results (auto_explain, nested) in
+DIR/explain.txt.
 
 The parts: _pg.py (the Postgres server, databases and what is measured around a drain),
 _drain.py (consumer processes, one drain, the printed tables), _contestants.py,
@@ -61,7 +68,7 @@ from pathlib import Path
 import psycopg
 
 # bench/ is sys.path[0] when run as a script
-from _backlog import backlog_template, drain_backlog, report_backlog
+from _backlog import backlog_template, drain_backlog, drain_twice, report_backlog, report_twice
 from _common import note
 from _contestants import drain_cyclone, drain_pgq, drain_raw
 from _drain import Drain, fmt_int, print_rows, print_statements
@@ -126,6 +133,8 @@ def main() -> None:
     ap.add_argument("--backlog-rounds", type=int, default=1)
     ap.add_argument("--backlog-tuned", action="store_true",
                     help="also drain the large backlog with the suggested autovacuum settings")
+    ap.add_argument("--backlog-twice", action="store_true",
+                    help="drain --backlog-size jobs to the end, load as many again, drain them too")
     ap.add_argument("--profile", metavar="DIR", help="profile one Cyclone drain into DIR instead")
     ap.add_argument("--profile-seconds", type=int, default=10)
     ap.add_argument("--data-dir", help="Postgres data dir (default: a temporary one, removed at the end)")
@@ -141,6 +150,9 @@ def main() -> None:
         try:
             if args.profile:
                 profile(pg, args, workdir)
+                return
+            if args.backlog_twice:
+                report_twice(drain_twice(pg, args.backlog_size, args.timeout, workdir))
                 return
             if args.backlog:
                 results = []

@@ -9,8 +9,10 @@ import os
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -226,8 +228,8 @@ class CycloneServer:
         m, hub, bg = self.metrics, self.hub, self.background
         assert hub is not None and bg is not None
         hub.dispatcher.latency_observers.append(m.dispatch_latency_seconds.observe)
-        hub.dispatcher.claim_observers.append(lambda kind, s: m.queue_wait_seconds.labels(kind=kind).observe(s))
-        hub.execution_observers.append(lambda kind, s: m.step_duration_seconds.labels(kind=kind).observe(s))
+        hub.dispatcher.claim_observers.append(_per_kind(m.queue_wait_seconds))
+        hub.execution_observers.append(_per_kind(m.step_duration_seconds))
 
         def refresh() -> None:
             for kind, n in hub.stats["claims"].items():
@@ -321,3 +323,16 @@ def write_ready_file(path: str, address: str, metrics_address: str | None = None
         ready["metrics_address"] = metrics_address
     tmp.write_text(json.dumps(ready))
     os.replace(tmp, target)
+
+
+def _per_kind(histogram: Any) -> Callable[[str, float], None]:
+    """observe(kind, seconds) on `histogram`'s child for the kind, looked up once per kind
+    (labels() takes a lock and checks the values on every call; this runs per step)."""
+    children: dict[str, Any] = {}
+
+    def observe(kind: str, seconds: float) -> None:
+        child = children.get(kind)
+        if child is None:
+            child = children[kind] = histogram.labels(kind=kind)
+        child.observe(seconds)
+    return observe

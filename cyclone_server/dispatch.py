@@ -22,7 +22,7 @@ from cyclone_worker.values import fill_stored
 from . import tracing
 from .convert import duration_seconds, optional_value
 from .definitions import MAX_SECONDS
-from .engine import Engine, Result, parse_id
+from .engine import Engine, Result, canonical_id
 from .errors import CycloneError, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ def to_result(r: pb.StepResult) -> Result | str:
     lease that nobody will answer. A failure message is never refused (engine.storable_message).
     """
     try:
-        step_id = str(parse_id(r.step_id, "step_id"))
+        step_id = canonical_id(r.step_id, "step_id")
     except CycloneError:
         return "unknown: step_id is not a valid id"
     outcome = r.WhichOneof("outcome")
@@ -284,6 +284,11 @@ class Dispatcher:
             if self._stopping:
                 return
             self._event.clear()
+            try:
+                self._due_in = await self._pass()
+                continue
+            except Exception as e:
+                log.warning("dispatch pass failed: %s; retrying", e)
             # A lost database: log, back off (0.1 s doubling to 5 s), try again until a pass works.
             async for attempt in AsyncRetrying(
                     wait=wait_exponential(multiplier=0.1, min=0.1, max=5.0),
@@ -430,17 +435,21 @@ class ResultCommitter:
         """(the result applied, its SQL status) per result, in order. A result the database
         refuses for its data is replaced by an invalid-result failure of its attempt."""
         try:
-            # The database is unreachable (or the batch lost a deadlock): apply again, for as
-            # long as it takes. That is safe: results are fenced, so one that did commit before
-            # the error comes back 'ended', as a resent one would.
-            async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(psycopg.OperationalError),
-                    wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
-                    before_sleep=lambda s: log.warning(
-                        "applying %d results failed: %s; retrying in %.1fs", len(results),
-                        s.outcome.exception(), s.next_action.sleep)):  # type: ignore[union-attr]
-                with attempt:
-                    rows = await self.engine.apply_results(results)
+            try:
+                rows = await self.engine.apply_results(results)
+            except psycopg.OperationalError as e:
+                # The database is unreachable (or the batch lost a deadlock): apply again, for
+                # as long as it takes. That is safe: results are fenced, so one that did commit
+                # before the error comes back 'ended', as a resent one would.
+                log.warning("applying %d results failed: %s; retrying", len(results), e)
+                async for attempt in AsyncRetrying(
+                        retry=retry_if_exception_type(psycopg.OperationalError),
+                        wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+                        before_sleep=lambda s: log.warning(
+                            "applying %d results failed: %s; retrying in %.1fs", len(results),
+                            s.outcome.exception(), s.next_action.sleep)):  # type: ignore[union-attr]
+                    with attempt:
+                        rows = await self.engine.apply_results(results)
             return [(r, status) for r, (_, _, status) in zip(results, rows)]
         except (psycopg.Error, CycloneError) as e:
             # The database refused the data: find the results it refuses by applying

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,17 @@ class Result:
         elif self.outcome == "snoozed":
             d["delay_ms"] = (self.delay or 0) * 1000
         return d
+
+
+_CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def canonical_id(value: str, field: str) -> str:
+    """`str(parse_id(value, field))`, without parsing an id already in that form (every id
+    the server sends is, so the ids workers echo back are)."""
+    if type(value) is str and _CANONICAL_ID.fullmatch(value):
+        return value
+    return str(parse_id(value, field))
 
 
 def parse_id(value: str, field: str) -> uuid.UUID:
@@ -448,7 +460,7 @@ class Engine:
         applied, the later ones 'ended'). Once the batch committed, the parent nodes of the
         child runs it ended are settled (`settle_parents`) before this returns.
         """
-        ids = [str(parse_id(r.step_id, "step_id")) for r in results]  # canonical: safe in JSON text
+        ids = [canonical_id(r.step_id, "step_id") for r in results]  # canonical: safe in JSON text
         out: list[str | None] = [None] * len(results)
         ended_children: list[uuid.UUID] = []
         # A failure can discard its step, and fail-fast then cancels the child runs below it,
