@@ -111,7 +111,6 @@ class Result:
         head = f'{{"step_id":"{step_id}","generation":{int(self.generation)},"outcome":"completed","output_bytes":{size}'
         return head + "}" if size > max_output_bytes else f'{head},"output":{text}}}'
 
-
     def as_json(self, max_output_bytes: int) -> dict[str, Any]:
         """The element of cyclone_results_apply's batch. An output over `max_output_bytes`
         is left out: only its size goes to the database, which discards the step."""
