@@ -28,6 +28,12 @@ from cyclone_server.migrate import migrate
 
 URL_VAR = "CYCLONE_TEST_DATABASE_URL"
 
+# Off a terminal the CLI makes its tables as wide as COLUMNS says, else it never cuts a
+# cell. An exported COLUMNS (readline exports COLUMNS=80 in every pytest-xdist worker) would
+# cut the run ids that tests look for in the CLI's output: a test that wants a width sets it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 _db_numbers = itertools.count(1)
 
 
