@@ -3,7 +3,9 @@
 The server is an embedded Postgres in a temp dir (started once, durability off, in memory
 under /dev/shm where the machine has it), or the one at CYCLONE_TEST_DATABASE_URL when that
 is set. A template database is migrated once per session; each test that asks for `db_url`
-gets a copy of it (CREATE DATABASE ... TEMPLATE), dropped afterwards. Names carry the pid so pytest processes sharing a server don't clash.
+gets a copy of it (CREATE DATABASE ... TEMPLATE), dropped afterwards. Names carry the pid
+so pytest processes sharing a server (pytest-xdist workers on CYCLONE_TEST_DATABASE_URL's)
+don't clash.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def pg_admin_url() -> Iterator[str]:
     tmp = Path(tempfile.mkdtemp(prefix="cyclone-test-pg-", dir=_pg_parent_dir()))
     pg = embedded.start_embedded(tmp / "pg", fast=True)
     # A terminated run (a CI timeout, `kill`) then tears down like Ctrl-C and stops the
-    # server, instead of leaving it running with its data in /tmp.
+    # server, instead of leaving it running with its data in /dev/shm or /tmp.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         yield pg.url()
