@@ -12,7 +12,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,7 +24,6 @@ from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 
 from . import auth
 from .background import Background
-from .console import Console, HttpServer, serve_console
 from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
 from .hub import WorkerHub
 from .metrics import Metrics, MetricsServer, parse_listen, scrape, serve_metrics
@@ -37,6 +36,9 @@ from .servicers_runs import RunsServicer
 from . import tracing
 from .scheduler import Scheduler
 from .servicers_schedules import SchedulesServicer
+
+if TYPE_CHECKING:
+    from .console import HttpServer
 
 log = logging.getLogger("cyclone.server")
 
@@ -206,6 +208,10 @@ class CycloneServer:
 
     async def _serve_http(self, listen: str) -> None:
         """The console, /metrics and /healthz on `listen`, on this event loop, reading through this engine."""
+        # Imported here: aiohttp and Jinja2 take a fifth of a second to import, which every
+        # server start and CLI call would pay without a console.
+        from .console import Console, serve_console
+
         host, port = split_listen(listen)
         assert self.engine is not None
         tokens = next((i for i in self.settings.interceptors if isinstance(i, auth.TokenAuthInterceptor)), None)
