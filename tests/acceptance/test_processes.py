@@ -19,7 +19,9 @@ DEADLINE = 30.0
 
 async def welcome_server_id(address: str) -> str:
     """Open a worker stream on a connection of its own; the server_id of its Welcome."""
-    async with grpc.aio.insecure_channel(address) as channel:
+    # A subchannel pool of its own: channels to one address otherwise share one connection
+    # process-wide, and it would keep talking to the process that accepted it first.
+    async with grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
         call = workers_pb2_grpc.WorkersStub(channel).Connect()
         await call.write(pb.WorkerMessage(hello=pb.Hello(worker_id=f"probe-{uuid.uuid4()}", kinds=["probe"],
                                                          slots=1)))
