@@ -212,24 +212,32 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         return lost
 
     async def _read(self, conn: WorkerConn, context: grpc.aio.ServicerContext) -> None:
-        try:
-            while True:
+        while True:
+            try:
                 msg = await context.read()
-                if msg is grpc.aio.EOF:
-                    conn.drain()
-                    return
-                conn.last_pong = time.monotonic()  # any message shows the worker is alive
-                which = msg.WhichOneof("msg")
-                if which == "results":
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the stream broke under us
+                log.debug("reading from worker %s failed: %s", conn.worker_id, e)
+                conn.end()
+                return
+            if msg is grpc.aio.EOF:
+                conn.drain()
+                return
+            conn.last_pong = time.monotonic()  # any message shows the worker is alive
+            which = msg.WhichOneof("msg")
+            if which == "results":
+                try:
                     self._on_results(conn, msg.results.results)
-                elif which == "hello":
-                    conn.end(grpc.StatusCode.INVALID_ARGUMENT, "hello: sent twice on one stream")
+                except Exception:  # a bug, not the worker's doing: said loudly, and resent
+                    log.exception("handling %d results from worker %s failed", len(msg.results.results),
+                                  conn.worker_id)
+                    conn.end(grpc.StatusCode.UNAVAILABLE,
+                             "the server could not take these results; reconnect and resend")
                     return
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the stream broke under us
-            log.debug("reading from worker %s failed: %s", conn.worker_id, e)
-            conn.end()
+            elif which == "hello":
+                conn.end(grpc.StatusCode.INVALID_ARGUMENT, "hello: sent twice on one stream")
+                return
 
     def _on_results(self, conn: WorkerConn, results: Any) -> None:
         refused: list[pb.ResultAck] = []
