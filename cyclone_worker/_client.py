@@ -113,6 +113,12 @@ def _run_state(word: str) -> Any:  # a RunState value
         raise ValueError(f"states: {word!r} is not a run state (running, paused, completed, failed, cancelled)") from None
 
 
+# The calls that change nothing, or nothing more when made twice: made again when the
+# connection they were sent on broke (see Client._call).
+_REPEATABLE = frozenset({"GetRun", "GetSchedule", "GetStats", "GetWorkflow", "ListRuns", "ListSchedules",
+                         "ListWorkers", "ListWorkflows", "WaitRun", "RegisterWorkflow"})
+
+
 class Client:
     """An async client of a Cyclone server.
 
@@ -121,7 +127,10 @@ class Client:
     (UNAVAILABLE, "cannot reach HOST:PORT: connection refused"); `wait_for_server=SECONDS`
     instead waits that long for a server that is still starting. Once it has answered, a call
     made while the server is unreachable waits for it, up to `rpc_timeout` seconds (then
-    DEADLINE_EXCEEDED), so a server restart does not break a client.
+    DEADLINE_EXCEEDED), so a server restart does not break a client. A call that was already
+    on its way when the server went away is made again if repeating it is harmless (reads,
+    and registering a workflow); any other call fails with UNAVAILABLE, as it may have been
+    applied (give `enqueue` and `submit` an idempotency key to make them safe to repeat).
 
     Example::
 
@@ -170,19 +179,29 @@ class Client:
             except asyncio.TimeoutError:
                 raise CycloneClientError(grpc.StatusCode.UNAVAILABLE, f"cannot reach {self.address}: no server "
                                          f"answered within {self._wait_for_server:g}s") from None
-        try:
-            # wait_for_ready once the server has answered: a call made while it restarts
-            # waits for it (up to the call's deadline) instead of failing with UNAVAILABLE.
-            # Before that, a wrong address fails at once. The current span's W3C context
-            # goes along: a run submitted under it joins its trace.
-            resp = await getattr(stub_cls(channel), method)(request, timeout=timeout or self._rpc_timeout,
-                                                            metadata=self._metadata + trace_metadata(),
-                                                            wait_for_ready=self._reached)
-        except grpc.aio.AioRpcError as e:
-            if not self._reached and e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise CycloneClientError(grpc.StatusCode.UNAVAILABLE,
-                                         f"cannot reach {self.address}: {_unreachable(e.details() or '')}") from None
-            raise CycloneClientError.from_rpc(e) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or self._rpc_timeout)
+        while True:
+            try:
+                # wait_for_ready once the server has answered: a call made while it restarts
+                # waits for it (up to the call's deadline) instead of failing with
+                # UNAVAILABLE. Before that, a wrong address fails at once. The current
+                # span's W3C context goes along: a run submitted under it joins its trace.
+                resp = await getattr(stub_cls(channel), method)(request, timeout=max(deadline - loop.time(), 0.001),
+                                                                metadata=self._metadata + trace_metadata(),
+                                                                wait_for_ready=self._reached)
+                break
+            except grpc.aio.AioRpcError as e:
+                if not self._reached and e.code() == grpc.StatusCode.UNAVAILABLE:
+                    raise CycloneClientError(grpc.StatusCode.UNAVAILABLE,
+                                             f"cannot reach {self.address}: {_unreachable(e.details() or '')}") from None
+                # A call sent on a connection that broke under it (the server went away
+                # just then) is made again when repeating it is harmless, once the server
+                # is back; a write may have been applied, so its caller decides.
+                if e.code() == grpc.StatusCode.UNAVAILABLE and method in _REPEATABLE and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                    continue
+                raise CycloneClientError.from_rpc(e) from None
         self._reached = True
         return resp
 
