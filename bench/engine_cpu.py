@@ -1,0 +1,79 @@
+"""The server's own Python CPU per job on the hot path, without gRPC and without workers.
+
+One embedded Postgres with durable commits; `--jobs` standalone jobs enqueued and vacuumed;
+then, from one Engine in this process, until every job is done: `Engine.claim_leases` of 64
+(the dispatcher's claim), a `Leases` message built from those rows and serialized, and
+`Engine.apply_results` of their 64 completions. It prints the process CPU time (not wall
+time: what the server pays whatever else runs on the machine) per job of each of the
+three, and the wall-clock rate.
+
+    .venv/bin/python bench/engine_cpu.py            # --jobs 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from cyclone_proto import workers_pb2 as pb
+from cyclone_server.dispatch import lease_message
+from cyclone_server.embedded import start_embedded
+from cyclone_server.engine import Engine, Job, Result
+from cyclone_server.migrate import migrate
+
+BATCH = 64
+
+
+async def measure(url: str, jobs: int) -> None:
+    engine = await Engine.open(url, announces=True)
+    try:
+        for start in range(0, jobs, 1000):
+            await engine.enqueue_many([Job(kind="cpu", input={"i": i}) for i in range(start, min(start + 1000, jobs))])
+        async with engine.pool.connection() as conn:
+            await conn.execute("VACUUM ANALYZE")
+        claim = build = apply = 0.0
+        done = 0
+        wall = time.perf_counter()
+        while done < jobs:
+            t = time.process_time()
+            rows = await engine.claim_leases("cpu-bench", ["cpu"], BATCH, 30)
+            claim += time.process_time() - t
+            if not rows:
+                break
+            t = time.process_time()
+            msg = pb.ServerMessage()
+            for row in rows:
+                lease_message(row, msg.leases.leases.add())
+            msg.SerializeToString()
+            build += time.process_time() - t
+            t = time.process_time()
+            await engine.apply_results([Result(r.step_id, r.lease_generation, "completed", output={"ok": 1})
+                                        for r in rows])
+            apply += time.process_time() - t
+            done += len(rows)
+        wall = time.perf_counter() - wall
+    finally:
+        await engine.close()
+    print(f"{done:,} jobs in {wall:.2f} s ({done / wall:,.0f}/s); server CPU µs per job: "
+          f"claim {claim / done * 1e6:.1f}, Lease messages {build / done * 1e6:.1f}, "
+          f"results {apply / done * 1e6:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=20_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cyclone-engine-cpu-") as tmp:
+        pg = start_embedded(Path(tmp) / "pg")
+        try:
+            migrate(pg.url())
+            asyncio.run(measure(pg.url(), args.jobs))
+        finally:
+            pg.stop()
+
+
+if __name__ == "__main__":
+    main()
