@@ -98,31 +98,22 @@ class Result:
     invalid: str | None = None
 
     def batch_item(self, step_id: str, max_output_bytes: int) -> str:
-        """`as_json` as JSON text, for the batch `apply_results` writes, with `step_id` (this
-        result's id in canonical form). A completion's output is serialized once, and that
-        text is both measured and sent (the id is a canonical UUID and the output text what
-        `json.dumps` wrote: nothing in either can break out of the element)."""
-        if self.outcome != "completed" or self.oversized_output_bytes is not None:
-            d = self.as_json(max_output_bytes)
-            d["step_id"] = step_id
-            return _compact(d)
-        text = _compact(self.output)
-        size = len(text.encode("utf-8", "surrogatepass"))
-        head = f'{{"step_id":"{step_id}","generation":{int(self.generation)},"outcome":"completed","output_bytes":{size}'
-        return head + "}" if size > max_output_bytes else f'{head},"output":{text}}}'
-
-    def as_json(self, max_output_bytes: int) -> dict[str, Any]:
-        """The element of cyclone_results_apply's batch. An output over `max_output_bytes`
-        is left out: only its size goes to the database, which discards the step."""
-        d: dict[str, Any] = {"step_id": self.step_id, "generation": self.generation, "outcome": self.outcome}
+        """The element of cyclone_results_apply's batch, as JSON text, with `step_id` (this
+        result's id in canonical form). An output over `max_output_bytes` is left out: only
+        its size goes to the database, which discards the step. A completion's output is
+        serialized once, and that text is both measured and sent (the id is a canonical UUID
+        and the output text what `json.dumps` wrote: nothing in either can break out of the
+        element)."""
         if self.outcome == "completed":
-            size = self.oversized_output_bytes
-            if size is None:
-                size = payload_size(self.output)
-            d["output_bytes"] = size
-            if size <= max_output_bytes:
-                d["output"] = self.output
-        elif self.outcome == "failed":
+            if self.oversized_output_bytes is None:
+                text = _compact(self.output)
+                size = len(text.encode("utf-8", "surrogatepass"))
+            else:
+                text, size = "null", self.oversized_output_bytes
+            head = f'{{"step_id":"{step_id}","generation":{int(self.generation)},"outcome":"completed","output_bytes":{size}'
+            return head + "}" if size > max_output_bytes else f'{head},"output":{text}}}'
+        d: dict[str, Any] = {"step_id": step_id, "generation": self.generation, "outcome": self.outcome}
+        if self.outcome == "failed":
             d["message"] = storable_message(self.message)
             d["permanent"] = self.permanent
             if self.retry_delay is not None:
@@ -131,7 +122,7 @@ class Result:
                 d["details"] = storable_message(self.details, MAX_ERROR_DETAILS_BYTES)
         elif self.outcome == "snoozed":
             d["delay_ms"] = (self.delay or 0) * 1000
-        return d
+        return _compact(d)
 
 
 _CANONICAL_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -292,9 +283,16 @@ class Engine:
         await self.pool.close()
 
     async def _all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
+        return await self._fetch(query, params, dict_row)
+
+    async def _fetch(self, query: str, params: Mapping[str, Any], row_factory: Any) -> list[Any]:
+        """The rows of the named query, made by `row_factory`; a database error that means
+        bad input becomes its CycloneError; new work is announced after the statements that
+        may have made some."""
         try:
             async with self.pool.connection() as conn:
-                cur = await conn.execute(Q[query], params)
+                cur = conn.cursor(row_factory=row_factory)
+                await cur.execute(Q[query], params)
                 rows = await cur.fetchall() if cur.description else []
         except psycopg.Error as e:
             translated = _translate(e)
@@ -437,17 +435,8 @@ class Engine:
         epoch, input and parents as JSON text, parents None when the node has none)."""
         if limit <= 0 or not kinds:
             return []
-        try:
-            async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=namedtuple_row)
-                await cur.execute(Q["steps_claim_leases"], {"owner": owner, "kinds": list(kinds), "limit": limit,
-                                                            "lease_ttl": _seconds(lease_ttl)})
-                return await cur.fetchall()
-        except psycopg.Error as e:
-            translated = _translate(e)
-            if translated is None:
-                raise
-            raise translated from e
+        return await self._fetch("steps_claim_leases", {"owner": owner, "kinds": list(kinds), "limit": limit,
+                                                        "lease_ttl": _seconds(lease_ttl)}, namedtuple_row)
 
     async def apply_results(self, results: Sequence[Result]) -> list[tuple[str, int, str]]:
         """Apply many results in one transaction; returns (step_id, generation, status) each.

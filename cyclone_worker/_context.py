@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -21,8 +22,6 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
 __all__ = ["Context", "CancelFlag", "CompletionTx"]
-
-_UNSET: Any = object()
 
 
 class CancelFlag:
@@ -119,11 +118,7 @@ class Context:
         self.reclaims: int = lease.reclaims
         self.snoozes: int = lease.snoozes
         self.lease_generation: int = lease.lease_generation
-        # input, parents and attempt_deadline are converted from the lease on first use.
-        self._lease = lease
-        self._input: Any = _UNSET
-        self._parents: Any = _UNSET
-        self._deadline: Any = _UNSET
+        self._lease = lease  # input, parents and attempt_deadline are converted on first use
         self.worker_id = worker_id
         #: The W3C trace context the step runs under (Lease.trace_context; "" when none). With
         #: the `otel` extra the handler's span is current already; these are for logs.
@@ -134,40 +129,22 @@ class Context:
         # Set once completion_tx committed: the step is already completed in the database.
         self.completed_in_tx = False
 
-    @property
+    @functools.cached_property
     def input(self) -> Any:
-        """The run's input (JSON: dict, list, str, number, bool or None)."""
-        if self._input is _UNSET:
-            lease = self._lease
-            self._input = from_value(lease.input) if lease.HasField("input") else None
-        return self._input
+        """The run's input (JSON: dict, list, str, number, bool or None), converted on first use."""
+        lease = self._lease
+        return from_value(lease.input) if lease.HasField("input") else None
 
-    @input.setter
-    def input(self, value: Any) -> None:
-        self._input = value
-
-    @property
+    @functools.cached_property
     def parents(self) -> dict[str, Any]:
-        """The outputs of the node's dependencies, by node id ({} for none)."""
-        if self._parents is _UNSET:
-            self._parents = from_struct(self._lease.parents)
-        return self._parents  # type: ignore[no-any-return]
+        """The outputs of the node's dependencies, by node id ({} for none), converted on first use."""
+        return from_struct(self._lease.parents)
 
-    @parents.setter
-    def parents(self, value: dict[str, Any]) -> None:
-        self._parents = value
-
-    @property
+    @functools.cached_property
     def attempt_deadline(self) -> datetime | None:
         """When this attempt times out (None: the node has no attempt timeout)."""
-        if self._deadline is _UNSET:
-            lease = self._lease
-            self._deadline = from_timestamp(lease.attempt_deadline) if lease.HasField("attempt_deadline") else None
-        return self._deadline  # type: ignore[no-any-return]
-
-    @attempt_deadline.setter
-    def attempt_deadline(self, value: datetime | None) -> None:
-        self._deadline = value
+        lease = self._lease
+        return from_timestamp(lease.attempt_deadline) if lease.HasField("attempt_deadline") else None
 
     @property
     def log(self) -> logging.LoggerAdapter:  # type: ignore[type-arg]

@@ -147,13 +147,17 @@ def _read_fast(v: struct_pb2.Value, depth: int, strict: bool) -> Any:
     if strict and depth >= MAX_JSON_DEPTH:
         raise ValueError
     if which == "struct_value":
-        out = {}
-        for key, item in v.struct_value.fields.items():
-            if strict and "\x00" in key:
-                raise ValueError
-            out[key] = _read_fast(item, depth + 1, strict)
-        return out
+        return _read_fast_struct(v.struct_value, depth + 1, strict)
     return [_read_fast(item, depth + 1, strict) for item in v.list_value.values]
+
+
+def _read_fast_struct(s: struct_pb2.Struct, depth: int, strict: bool) -> dict[str, Any]:
+    out = {}
+    for key, item in s.fields.items():
+        if strict and "\x00" in key:
+            raise ValueError
+        out[key] = _read_fast(item, depth, strict)
+    return out
 
 
 def _read(v: struct_pb2.Value, path: str, depth: int, strict: bool) -> Any:
@@ -216,12 +220,7 @@ def from_struct(s: struct_pb2.Struct | None, path: str = "value", *, strict: boo
     if s is None:
         return {}
     try:
-        out = {}
-        for key, item in s.fields.items():
-            if strict and "\x00" in key:
-                raise ValueError
-            out[key] = _read_fast(item, 1, strict)
-        return out
+        return _read_fast_struct(s, 1, strict)
     except ValueError:
         return _read_struct(s, path, 1, strict)  # again, naming the path of what was refused
 
