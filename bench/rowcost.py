@@ -5,7 +5,8 @@ the server calls them (`cyclone_steps_claim` of 64 steps, `cyclone_results_apply
 64 results), on a private embedded Postgres with durable commits and autovacuum off (so
 nothing but the bench writes WAL). Two workloads:
 
-- jobs: `--jobs` standalone jobs enqueued in one statement (a phase), then vacuumed; then
+- jobs: `--jobs` standalone jobs enqueued 64 per `cyclone_jobs_enqueue` call (a phase), as the
+  server writes Enqueue and EnqueueMany calls, then vacuumed; then
   every one is claimed (a phase), then every result applied (a phase);
 - DAG runs: `--runs` runs of a 10-node workflow (a root, 8 in parallel, a join), claimed
   and completed 64 at a time until every run ended.
@@ -22,7 +23,6 @@ deterministic: the same code gives the same counts on a busy machine or a quiet 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -114,12 +114,15 @@ def apply(c: psycopg.Connection, leases: list[tuple]) -> Counter:
 
 
 def jobs(url: str, n: int) -> list[dict]:
-    node = json.dumps(definitions.normalize_job(KIND, {}))
+    node = definitions.normalize_job(KIND, {})
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SET pg_stat_statements.track = 'all'")
-        with Phase(c, "jobs: enqueue (one statement)") as p_enqueue:
-            c.execute("SELECT count(*) FROM generate_series(1, %s) i, LATERAL cyclone_job_enqueue(%s::jsonb, "
-                      "jsonb_build_object('i', i), 0, NULL, NULL, NULL, NULL)", (n, node))
+        with Phase(c, "jobs: enqueue (64 per call)") as p_enqueue:
+            # As the server writes Enqueue calls (batched) and EnqueueMany: cyclone_jobs_enqueue.
+            for start in range(0, n, BATCH):
+                c.execute("SELECT count(*) FROM cyclone_jobs_enqueue(%s)",
+                          (Jsonb([{"node": node, "input": {"i": i}, "priority": 0}
+                                  for i in range(start, min(start + BATCH, n))]),))
         c.execute("VACUUM ANALYZE")
         c.execute("CHECKPOINT")
         c.execute("SET pg_stat_statements.track = 'all'")

@@ -38,16 +38,22 @@ async def test_jobs_are_made_as_enqueue_makes_them_in_request_order(engine: Engi
         Job("email", input={"to": "a@b"}, priority=-1, options={"max_attempts": 4, "backoff_initial": 2.0}),
         Job("resize", input=[1, 2, 3], deadline=later, options={"retention": 60.0, "attempt_timeout": 5.0}),
         Job("report", scheduled_at=later, options={"max_reclaims": 0, "backoff_max": 30.0}),
+        Job("traced", input={"t": 1}, priority=2,
+            trace_context={"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
         Job("plain"),
     ]
+    # Without idempotency keys the batch is written set-based (cyclone__jobs_create); a
+    # single Enqueue goes through cyclone__run_create: the rows must be the same.
     made = await engine.enqueue_many(jobs)
     assert len(made) == len(jobs) and all(created for _, _, created in made)
     assert len({run_id for run_id, _, _ in made}) == len(jobs)
+    assert await txns(conn, [run_id for run_id, _, _ in made]) == 1
+    [row] = await fetch(conn, "SELECT count(DISTINCT cmin::text) AS n FROM cyclone_runs WHERE id = ANY (%s::uuid[])",
+                        [run_id for run_id, _, _ in made])
+    assert row["n"] == 1  # one INSERT wrote every run
 
     for job, (run_id, step_id, _) in zip(jobs, made):
-        one_run, one_step, _ = await engine.enqueue(job.kind, input=job.input, priority=job.priority,
-                                                    deadline=job.deadline, scheduled_at=job.scheduled_at,
-                                                    options=job.options)
+        one_run, one_step, _ = await engine.enqueue_job(job)
         many = await job_rows(conn, run_id)
         single = await job_rows(conn, one_run)
         assert str(many[1]["id"]) == step_id and many[1]["kind"] == job.kind
@@ -191,3 +197,17 @@ async def eventually_waiting_for_lock(conn, timeout: float = 10.0) -> None:
     while not await fetch(conn, "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"):
         assert asyncio.get_running_loop().time() < deadline, "no transaction waits for the advisory lock"
         await asyncio.sleep(0.01)
+
+
+async def test_a_batch_the_set_based_path_cannot_write_goes_job_by_job_and_names_the_job(engine: Engine,
+                                                                                         conn) -> None:
+    # Past Python's checks (a job made by hand): the set-based insert fails on the step's
+    # NOT NULL kind, rolls back, and the job-by-job path names the job it failed on.
+    node = engine.prepare_job(Job("ok")).params["node"]
+    jobs = [{"node": node, "input": {"i": i}} for i in range(3)]
+    jobs[1] = {"node": {**node, "kind": None}, "input": None}
+    before = await snapshot(conn)
+    with pytest.raises(psycopg.errors.NotNullViolation) as e:
+        await conn.execute("SELECT * FROM cyclone_jobs_enqueue(%s)", [psycopg.types.json.Jsonb(jobs)])
+    assert e.value.diag.message_primary.startswith("jobs[1]: ")
+    assert await snapshot(conn) == before

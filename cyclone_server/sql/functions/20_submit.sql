@@ -111,10 +111,58 @@ BEGIN
     RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
 END $$;
 
+-- Standalone jobs without idempotency keys, set-based: every run in one INSERT, every step
+-- in another, the same rows cyclone__run_create writes for a one-node run whose node is a
+-- task (a run 'running'; its step 'available' from scheduled_at, or now). Ids are made in
+-- array order, run then step, as the loop below makes them. Called by cyclone_jobs_enqueue
+-- only when every job qualifies.
+CREATE OR REPLACE FUNCTION cyclone__jobs_create(p_jobs jsonb)
+RETURNS TABLE (idx integer, run_id uuid, step_id uuid)
+LANGUAGE sql AS $$
+    WITH j AS MATERIALIZED (
+        SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, cyclone_uuid7() AS rid, cyclone_uuid7() AS sid
+          FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
+         ORDER BY t.ord),
+    runs AS (
+        INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
+                                  idempotency_key, request_hash, deadline_at, parent_run_id,
+                                  parent_step_id, depth, trace_context, retention)
+        SELECT j.rid, NULL, NULL, 'running', COALESCE(j.e -> 'input', 'null'::jsonb),
+               COALESCE((j.e ->> 'priority')::integer, 0), NULL, j.e ->> 'request_hash',
+               (j.e ->> 'deadline')::timestamptz, NULL, NULL, 0, NULLIF(j.e -> 'trace_context', 'null'),
+               make_interval(secs => (j.n ->> 'retention')::float8)
+          FROM j ORDER BY j.i),
+    steps AS (
+        INSERT INTO cyclone_steps (
+            id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
+            attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
+            signal_name, child_workflow, max_wait)
+        SELECT j.sid, j.rid, j.n ->> 'id', 0, j.n ->> 'kind', 'task', 'available',
+               COALESCE((j.n ->> 'priority')::integer, (j.e ->> 'priority')::integer, 0),
+               COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()),
+               (j.n ->> 'max_attempts')::integer,
+               (j.n ->> 'max_reclaims')::integer,
+               make_interval(secs => (j.n ->> 'attempt_timeout')::float8),
+               make_interval(secs => (j.n ->> 'backoff_initial')::float8),
+               make_interval(secs => (j.n ->> 'backoff_max')::float8),
+               j.n ->> 'on_dep_failure',
+               make_interval(secs => (j.n ->> 'retention')::float8),
+               make_interval(secs => (j.n ->> 'sleep')::float8),
+               j.n ->> 'signal',
+               j.n ->> 'workflow',
+               make_interval(secs => (j.n ->> 'max_wait')::float8)
+          FROM j ORDER BY j.i)
+    SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i
+$$;
+
 -- EnqueueMany: standalone jobs in one transaction, in array order, all or none. Each
 -- element of p_jobs is {node, input, priority, idempotency_key, request_hash, deadline,
 -- scheduled_at, trace_context} as cyclone_job_enqueue takes them. An error names the job by its index
 -- ("jobs[3]: ...") and keeps its SQLSTATE, detail and hint.
+--
+-- Jobs without idempotency keys whose node is a task with no dependencies (what Enqueue
+-- makes) are written set-based by cyclone__jobs_create; any other batch, or one that
+-- fails there, goes job by job, which names the job that failed.
 CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
@@ -125,7 +173,29 @@ DECLARE
     code text;
     detail text;
     hint text;
+    idxs integer[];
+    run_ids uuid[];
+    step_ids uuid[];
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_jobs) AS e
+                    WHERE e ->> 'idempotency_key' IS NOT NULL
+                       OR e -> 'node' ->> 'type' IS DISTINCT FROM 'task'
+                       OR COALESCE(jsonb_array_length(e -> 'node' -> 'deps'), 0) <> 0) THEN
+        BEGIN
+            SELECT array_agg(c.idx ORDER BY c.idx), array_agg(c.run_id ORDER BY c.idx),
+                   array_agg(c.step_id ORDER BY c.idx)
+              INTO idxs, run_ids, step_ids
+              FROM cyclone__jobs_create(p_jobs) AS c;
+        EXCEPTION WHEN OTHERS THEN
+            idxs := NULL;  -- rolled back: the loop below finds the job and names it
+        END;
+        IF idxs IS NOT NULL THEN
+            PERFORM cyclone__notify_available();
+            RETURN QUERY SELECT u.i, u.r, u.s, true FROM unnest(idxs, run_ids, step_ids) AS u (i, r, s);
+            RETURN;
+        END IF;
+    END IF;
+
     -- The idempotency keys' locks (cyclone__run_begin takes them again, which is free),
     -- all first and in one order: taken job by job, two calls with the same keys in
     -- different orders would deadlock.
