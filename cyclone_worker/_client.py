@@ -152,6 +152,9 @@ class Client:
         self._wait_for_server = wait_for_server
         self._reached = False  # has the server answered once? Then calls wait across restarts.
         self._channel: grpc.aio.Channel | None = None
+        # The channel's stubs, by stub class: making one makes a callable per method of
+        # its service, which is not to be paid on every call.
+        self._stubs: dict[Any, Any] = {}
 
     async def __aenter__(self) -> Client:
         self._open()
@@ -164,12 +167,20 @@ class Client:
         """Close the channel (`async with` does it for you)."""
         if self._channel is not None:
             channel, self._channel = self._channel, None
+            self._stubs.clear()
             await channel.close(None)
 
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
             self._channel = open_channel(self.address, tls=self._tls)
+            self._stubs.clear()
         return self._channel
+
+    def _stub(self, stub_cls: Any, channel: grpc.aio.Channel) -> Any:
+        stub = self._stubs.get(stub_cls)
+        if stub is None:
+            stub = self._stubs[stub_cls] = stub_cls(channel)
+        return stub
 
     async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None) -> Any:
         channel = self._open()
@@ -187,7 +198,7 @@ class Client:
                 # waits for it (up to the call's deadline) instead of failing with
                 # UNAVAILABLE. Before that, a wrong address fails at once. The current
                 # span's W3C context goes along: a run submitted under it joins its trace.
-                resp = await getattr(stub_cls(channel), method)(request, timeout=max(deadline - loop.time(), 0.001),
+                resp = await getattr(self._stub(stub_cls, channel), method)(request, timeout=max(deadline - loop.time(), 0.001),
                                                                 metadata=self._metadata + trace_metadata(),
                                                                 wait_for_ready=self._reached)
                 break

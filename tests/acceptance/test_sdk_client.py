@@ -166,6 +166,17 @@ async def test_enqueue_many_runs_every_job_and_names_a_bad_one(server: Any, clie
     assert len(await client.list(limit=1000)) == 50  # the refused calls wrote nothing
 
 
+async def test_a_closed_client_used_again_calls_on_a_new_channel(server: Any) -> None:
+    # The client keeps one stub per service for its channel: after close() the next call
+    # opens a new channel, and must not reach for a stub of the closed one.
+    c = Client(server.address)
+    first = await c.enqueue("x")
+    await c.close()
+    second = await c.enqueue("x")
+    assert {r.id for r in await c.list(limit=10)} == {first, second}
+    await c.close()
+
+
 async def test_purge_deletes_terminal_runs(client: Client) -> None:
     done = await client.enqueue("x")
     await client.cancel(done)
