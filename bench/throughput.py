@@ -14,7 +14,11 @@ processes with no-op handlers, and the load generator. It prints one table:
   handler starting, measured with paced submissions (no backlog);
 - the baseline: the same row work (insert a run and its step, claim with FOR UPDATE SKIP
   LOCKED, complete the step and the run, durable commits) as plain SQL from the same
-  number of connections, steps/s, and Cyclone's ratio to it.
+  number of connections, steps/s, and Cyclone's ratio to it;
+- the transport's floor: a bare grpc.aio server whose Enqueue answers a constant, called
+  by the same client with the same 64 calls in flight (`_grpc_floor.py`), against the
+  rate at which Cyclone answered its Enqueue calls (each once its job committed, while
+  the workers drained them).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from cyclone_server.migrate import migrate
 from cyclone_worker import Client, Context, Job, Worker, Workflow
 
 from _common import note, start_server  # bench/ is sys.path[0] when run as a script
+from _grpc_floor import grpc_floor
 
 KIND = "noop"
 DAG = Workflow("bench_dag").task("root", kind=KIND)
@@ -95,6 +100,7 @@ async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int
         note(f"enqueueing {jobs} standalone jobs, one Enqueue call each")
         t0 = time.monotonic()
         await submit_concurrently([client.enqueue(KIND, {"i": i}) for i in range(jobs)])
+        out["jobs_calls_per_s"] = jobs / (time.monotonic() - t0)  # every call answered (its job committed)
         out["jobs_steps_per_s"] = jobs / (await wait_all_done(url, jobs) - t0)
         done = jobs
 
@@ -218,6 +224,8 @@ def main() -> None:
             raw = asyncio.run(bench_raw(pg.url("bench_raw"), args.jobs, connections=args.workers * 2))
         finally:
             pg.stop()
+    note("floor: a bare grpc.aio server answering Enqueue with a constant")
+    floor = grpc_floor(args.jobs, KIND)
 
     rows = [
         ("standalone jobs, Enqueue per job", f"{cyc['jobs_steps_per_s']:.0f} steps/s"),
@@ -226,7 +234,11 @@ def main() -> None:
         ("dispatch latency p50", f"{cyc['latency_p50_ms']:.1f} ms"),
         ("dispatch latency p99", f"{cyc['latency_p99_ms']:.1f} ms"),
         ("baseline: raw SQL, same row work", f"{raw:.0f} steps/s"),
+        ("Enqueue calls answered, while the workers drain", f"{cyc['jobs_calls_per_s']:.0f} calls/s"),
+        ("floor: bare grpc.aio Enqueue, same client", f"{floor['calls_per_s']:.0f} calls/s"),
+        ("floor: CPU per call, server / client", f"{floor['server_us']:.0f} / {floor['client_us']:.0f} us"),
         ("ratio: Enqueue per job / raw SQL", f"{cyc['jobs_steps_per_s'] / raw:.2f}"),
+        ("ratio: Enqueue calls answered / floor", f"{cyc['jobs_calls_per_s'] / floor['calls_per_s']:.2f}"),
         ("ratio: EnqueueMany / raw SQL", f"{cyc['batched_steps_per_s'] / raw:.2f}"),
     ]
     width = max(len(r[0]) for r in rows)
