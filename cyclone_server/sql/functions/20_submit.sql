@@ -180,7 +180,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_jobs) AS e
                     WHERE e ->> 'idempotency_key' IS NOT NULL
                        OR e -> 'node' ->> 'type' IS DISTINCT FROM 'task'
-                       OR COALESCE(jsonb_array_length(e -> 'node' -> 'deps'), 0) <> 0) THEN
+                       OR e -> 'node' -> 'deps' IS DISTINCT FROM '[]'::jsonb) THEN
         BEGIN
             SELECT array_agg(c.idx ORDER BY c.idx), array_agg(c.run_id ORDER BY c.idx),
                    array_agg(c.step_id ORDER BY c.idx)
