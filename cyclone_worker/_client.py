@@ -198,9 +198,9 @@ class Client:
                 # waits for it (up to the call's deadline) instead of failing with
                 # UNAVAILABLE. Before that, a wrong address fails at once. The current
                 # span's W3C context goes along: a run submitted under it joins its trace.
-                resp = await getattr(self._stub(stub_cls, channel), method)(request, timeout=max(deadline - loop.time(), 0.001),
-                                                                metadata=self._metadata + trace_metadata(),
-                                                                wait_for_ready=self._reached)
+                call = getattr(self._stub(stub_cls, channel), method)
+                resp = await call(request, timeout=max(deadline - loop.time(), 0.001),
+                                  metadata=self._metadata + trace_metadata(), wait_for_ready=self._reached)
                 break
             except grpc.aio.AioRpcError as e:
                 if not self._reached and e.code() == grpc.StatusCode.UNAVAILABLE:
