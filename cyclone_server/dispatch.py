@@ -58,6 +58,8 @@ class HeldLease:
     attempt: int = 0
     attempt_deadline_us: int | None = None  # microseconds since the epoch
     result_pending: bool = False  # a StepResult is on its way to the database
+    slot_freed: bool = False  # ... and it freed the lease's slot (every result but a snooze)
+    handed_back: bool = False  # ... and it is a snooze: the worker handed the lease back
     trace: tracing.StepSpan | None = None  # the step's span, when the server traces
     pushed_at: float = field(default_factory=time.monotonic)  # for the execution-time metric
 
@@ -82,7 +84,8 @@ class WorkerConn:
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     last_pong: float = field(default_factory=time.monotonic)
     unacked: int = 0  # results submitted and not yet acked
-    answered: int = 0  # leases in `held` whose result arrived (result_pending): no longer running
+    answered: int = 0  # leases in `held` whose result arrived and freed their slot: no longer running
+    handing_back: int = 0  # leases in `held` whose snooze arrived and is not acked yet
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
 
@@ -94,23 +97,35 @@ class WorkerConn:
     @property
     def free_slots(self) -> int:
         """`slots` is how many steps the worker runs at once, so a slot frees as soon as
-        the lease's result arrives: the next lease is claimed while that result commits."""
-        return 0 if self.closed or self.draining else max(0, self.slots - self.running)
+        the lease's result arrives: the next lease is claimed while that result commits.
+        A snooze is different: it hands a lease back, as a stopping worker does with the
+        leases it did not start just before it half-closes, so nothing is pushed to a
+        worker while one of its snoozes waits for its ack (a lease pushed in between
+        would go to a worker that will not run it, and wait for its expiry)."""
+        if self.closed or self.draining or self.handing_back:
+            return 0
+        return max(0, self.slots - self.running)
 
-    def answer(self, key: LeaseKey) -> HeldLease | None:
-        """A result for the lease `key` arrived: its slot is free (the lease stays held,
-        and renewed, until the result is applied and acked)."""
+    def answer(self, key: LeaseKey, *, snooze: bool = False) -> HeldLease | None:
+        """A result for the lease `key` arrived: the lease stays held, and renewed, until
+        the result is applied and acked; its slot is free now, or for a snooze at the ack."""
         held = self.held.get(key)
         if held is not None and not held.result_pending:
             held.result_pending = True
-            self.answered += 1
+            if snooze:
+                held.handed_back = True
+                self.handing_back += 1
+            else:
+                held.slot_freed = True
+                self.answered += 1
         return held
 
     def forget(self, key: LeaseKey) -> HeldLease | None:
         """The lease `key` is over (acked, stopped or refused)."""
         held = self.held.pop(key, None)
-        if held is not None and held.result_pending:
-            self.answered -= 1
+        if held is not None:
+            self.answered -= held.slot_freed
+            self.handing_back -= held.handed_back
         return held
 
     def send(self, msg: pb.ServerMessage) -> None:
@@ -300,6 +315,14 @@ class Dispatcher:
                         return
                     self._due_in = await self._pass()
 
+    async def _release(self, conn: WorkerConn, rows: list[Any]) -> None:
+        try:
+            released = await self.engine.release(conn.worker_id, [(r.step_id, r.lease_generation) for r in rows])
+        except Exception as e:  # the recovery sweep reclaims them at expiry
+            log.warning("releasing %d leases claimed for departed worker %s failed: %s", len(rows), conn.worker_id, e)
+            return
+        self.stats["releases"] += len(released)
+
     async def _pass(self) -> float | None:
         """Claim for every worker with free slots; returns how long until the next step of a
         kind they ran out of becomes due (None: nothing is due, or no slot is free)."""
@@ -321,6 +344,11 @@ class Dispatcher:
             if len(rows) < want:
                 exhausted.update(kinds)
             if not rows:
+                continue
+            if conn.closed or conn.draining:
+                # The worker half-closed or went away while the claim ran: it will never
+                # answer these leases, so they are reclaimed now rather than at their expiry.
+                await self._release(conn, rows)
                 continue
             claims = self.stats["claims"]
             held = conn.held
@@ -370,8 +398,11 @@ class ResultCommitter:
         self._flushing: set[asyncio.Task[None]] = set()
 
     def submit(self, conn: WorkerConn, result: Result, wire_step_id: str) -> None:
-        """Queue a result; its ack echoes `wire_step_id`, the step id as the worker wrote it."""
-        conn.answer((result.step_id, result.generation))
+        """Queue a result; its ack echoes `wire_step_id`, the step id as the worker wrote it.
+
+        The result frees its lease's slot now; a snooze frees it at its ack, and until
+        then the worker gets no lease (WorkerConn.free_slots)."""
+        conn.answer((result.step_id, result.generation), snooze=result.outcome == "snoozed")
         conn.unacked += 1
         self._queue.put_nowait((conn, result, wire_step_id))
 

@@ -320,8 +320,10 @@ class Worker:
         # Handlers still running after the grace are cut off without an answer: their leases
         # expire and are reclaimed, as after a crash, since their side effects may be partial.
         # The zero snoozes of unstarted leases go out just before the half-close, without
-        # waiting for their acks: once a snooze frees a slot the server would push the same
-        # step straight back, whereas after the half-close it pushes nothing more to us.
+        # waiting for their acks: the server pushes nothing to a worker while one of its
+        # snoozes waits for its ack, and reads the half-close before that ack, so nothing
+        # more comes (were we to wait for the acks, it would push the same steps straight
+        # back into the freed slots).
         self._leases.give_back_unstarted()
         if self._session is not None:
             await self._session.close()

@@ -181,6 +181,72 @@ async def test_a_slot_frees_when_its_result_arrives_while_the_result_commits(cha
     assert (await get_step(channel, first.run_id)).state == types_pb2.STEP_STATE_COMPLETED
 
 
+async def test_no_lease_is_pushed_to_a_worker_while_its_snooze_waits_for_its_ack(channel, workers, db_url) -> None:
+    """A snooze hands a lease back. A stopping worker hands back the leases it did not
+    start as zero-delay snoozes and half-closes right after (the Python SDK does): a lease
+    pushed to it in between (the step just handed back, or any other) would never run and
+    wait for its lease to expire. So while a worker's snooze waits for its ack (held up
+    here by a lock on its run) it gets no lease, though it has a free slot and work
+    arrives; after the ack it does."""
+    (job1,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 2)
+    await w.connect()
+    (first,) = await w.leases(1)
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", [first.run_id])
+            await w.send(pb.StepResult(step_id=first.step_id, lease_generation=first.lease_generation,
+                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+            (job2,) = await enqueue(channel, "resize")
+            with pytest.raises(TimeoutError):  # pushed within milliseconds were the worker not paused
+                await w.next("leases", timeout=0.5)
+    (a,) = await w.acks(1)
+    assert (a.step_id, a.status) == (first.step_id, pb.ACK_STATUS_APPLIED)
+    again = {x.step_id: x for x in await w.leases(2)}
+    assert set(again) == {first.step_id, job2.step_id}
+    assert (again[first.step_id].attempt, again[first.step_id].lease_generation) == (1, first.lease_generation + 1)
+
+
+async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclaimed_at_once(
+        db_url, start_server) -> None:
+    """The dispatcher checks a worker's free slots, then claims: a worker can half-close
+    (stop) while the claim runs, and would never answer what it claimed. Those leases are
+    reclaimed as soon as the claim returns, not at their expiry (60 s here). The claim is
+    held up by a lock on the steps table until the worker is gone."""
+    srv = start_server(db_url, lease_ttl=60)
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        (job,) = await enqueue(channel, "resize")
+        w = RawWorker(channel, ["resize"], 1)
+        try:
+            async with await psycopg.AsyncConnection.connect(db_url) as conn, \
+                    await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch:
+                async with conn.transaction():
+                    await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
+                    await w.connect()
+
+                    async def claim_waits() -> bool:
+                        row = await (await watch.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                            "AND query LIKE '%%cyclone_steps_claim%%'")).fetchone()
+                        return row[0] > 0
+
+                    await until(claim_waits)
+                    w.pong = False
+                    await w.call.done_writing()
+                    assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
+            # (Polled until reclaimed: right after the lock goes, the claim may not have run yet.)
+            step = await until(lambda: _reclaimed(channel, job.run_id), deadline=10)
+            assert (step.state, step.attempt) == (types_pb2.STEP_STATE_AVAILABLE, 1)
+            assert w.inbox["leases"].empty()
+        finally:
+            await w.close()
+
+
+async def _reclaimed(channel: grpc.aio.Channel, run_id: str) -> types_pb2.Step | None:
+    step = await get_step(channel, run_id)
+    return step if step.reclaims > 0 else None
+
+
 async def test_results_batched_in_one_message_each_get_an_ack(channel, workers) -> None:
     await enqueue(channel, "resize", 4)
     w = workers(["resize"], 4)
