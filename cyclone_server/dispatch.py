@@ -352,7 +352,7 @@ class Dispatcher:
                 continue
             claims = self.stats["claims"]
             held = conn.held
-            # A stream that closed meanwhile drops these; their leases expire and are reclaimed.
+            # No await from the check above to the send below: the stream takes these.
             msg = pb.ServerMessage()
             add = msg.leases.leases.add
             for row in rows:
