@@ -57,11 +57,17 @@ class HeldLease:
     kind: str | None = None
     attempt: int = 0
     attempt_deadline_us: int | None = None  # microseconds since the epoch
-    result_pending: bool = False  # a StepResult is on its way to the database
-    slot_freed: bool = False  # ... and it freed the lease's slot (every result but a snooze)
-    handed_back: bool = False  # ... and it is a snooze: the worker handed the lease back
+    # Once its StepResult arrived (on its way to the database): a snooze hands the lease
+    # back; any other result frees its slot.
+    slot_freed: bool = False
+    handed_back: bool = False
     trace: tracing.StepSpan | None = None  # the step's span, when the server traces
     pushed_at: float = field(default_factory=time.monotonic)  # for the execution-time metric
+
+    @property
+    def result_pending(self) -> bool:
+        """A StepResult for this lease arrived and is on its way to the database."""
+        return self.slot_freed or self.handed_back
 
 
 class End:
@@ -111,7 +117,6 @@ class WorkerConn:
         the result is applied and acked; its slot is free now, or for a snooze at the ack."""
         held = self.held.get(key)
         if held is not None and not held.result_pending:
-            held.result_pending = True
             if snooze:
                 held.handed_back = True
                 self.handing_back += 1
@@ -315,13 +320,21 @@ class Dispatcher:
                         return
                     self._due_in = await self._pass()
 
-    async def _release(self, conn: WorkerConn, rows: list[Any]) -> None:
-        try:
-            released = await self.engine.release(conn.worker_id, [(r.step_id, r.lease_generation) for r in rows])
-        except Exception as e:  # the recovery sweep reclaims them at expiry
-            log.warning("releasing %d leases claimed for departed worker %s failed: %s", len(rows), conn.worker_id, e)
-            return
-        self.stats["releases"] += len(released)
+    async def release(self, owner: str, keys: list[LeaseKey]) -> None:
+        """Reclaim now leases whose worker can no longer answer them (fenced by owner and
+        generation), rather than at their expiry. A lease answered meanwhile is left to its
+        result; one in a run that stays busy, and any after a failure, to the sweep."""
+        for _ in range(3):
+            try:
+                released = await self.engine.release(owner, keys)
+            except Exception as e:  # the recovery sweep reclaims them at expiry
+                log.warning("releasing %d leases of worker %s failed: %s", len(keys), owner, e)
+                return
+            self.stats["releases"] += len(released)
+            done = {s for s, _ in released}
+            keys = [k for k in keys if k[0] not in done]
+            if not released or not keys:
+                return
 
     async def _pass(self) -> float | None:
         """Claim for every worker with free slots; returns how long until the next step of a
@@ -348,7 +361,7 @@ class Dispatcher:
             if conn.closed or conn.draining:
                 # The worker half-closed or went away while the claim ran: it will never
                 # answer these leases, so they are reclaimed now rather than at their expiry.
-                await self._release(conn, rows)
+                await self.release(conn.worker_id, [(r.step_id, r.lease_generation) for r in rows])
                 continue
             claims = self.stats["claims"]
             held = conn.held

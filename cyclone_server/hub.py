@@ -279,22 +279,9 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             conn.send(pb.ServerMessage(ping=pb.Ping(nonce=nonce, at=at)))
 
     async def _release(self, conn: WorkerConn) -> None:
-        """A silent worker can no longer answer its leases: reclaim them now (fenced by
-        owner and generation) rather than after their TTL. A lease whose result arrived
-        is left to that result."""
-        keys = [k for k, h in conn.held.items() if not h.result_pending]
-        for _ in range(3):
-            try:
-                released = await self.engine.release(conn.worker_id, keys)
-            except Exception as e:  # the recovery sweep reclaims them at expiry
-                log.warning("releasing the leases of silent worker %s failed: %s", conn.worker_id, e)
-                return
-            self.stats["releases"] += len(released)
-            done = {s for s, _ in released}
-            keys = [k for k in keys if k[0] not in done]
-            if not released or not keys:
-                return
-        # What is left was answered meanwhile or sat in a busy run: the sweep has it at expiry.
+        """A silent worker can no longer answer its leases: reclaim them now rather than
+        after their TTL. A lease whose result arrived is left to that result."""
+        await self.dispatcher.release(conn.worker_id, [k for k, h in conn.held.items() if not h.result_pending])
 
     # -- workers registry -------------------------------------------------------------------
 

@@ -152,8 +152,8 @@ class Client:
         self._wait_for_server = wait_for_server
         self._reached = False  # has the server answered once? Then calls wait across restarts.
         self._channel: grpc.aio.Channel | None = None
-        # The channel's stubs, by stub class: making one makes a callable per method of
-        # its service, which is not to be paid on every call.
+        # The channel's stubs, by stub class (cleared with the channel by close()): making
+        # one makes a callable per method of its service, not to be paid on every call.
         self._stubs: dict[Any, Any] = {}
 
     async def __aenter__(self) -> Client:
@@ -173,7 +173,6 @@ class Client:
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
             self._channel = open_channel(self.address, tls=self._tls)
-            self._stubs.clear()
         return self._channel
 
     def _stub(self, stub_cls: Any, channel: grpc.aio.Channel) -> Any:
