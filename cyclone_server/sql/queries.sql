@@ -53,25 +53,7 @@ SELECT idx, status, ended_child_run
 SELECT step_id, outcome, ended_child_run FROM cyclone_child_runs_settle(%(run_ids)s);
 
 -- name: steps_next_due
--- Seconds until the first available step of these kinds whose scheduled_at is still ahead
--- becomes claimable (NULL: none). From cyclone_steps_claim (kind, priority, scheduled_at):
--- per kind, a loose scan over its priorities, then one index probe per priority.
-SELECT extract(epoch FROM min(n.at) - now())::float8 AS seconds
-  FROM unnest(%(kinds)s::text[]) AS k (kind)
- CROSS JOIN LATERAL (
-       WITH RECURSIVE p (priority) AS (
-           (SELECT s.priority FROM cyclone_steps s
-             WHERE s.kind = k.kind AND s.state = 'available' ORDER BY s.priority LIMIT 1)
-           UNION ALL
-           SELECT (SELECT s.priority FROM cyclone_steps s
-                    WHERE s.kind = k.kind AND s.state = 'available' AND s.priority > p.priority
-                    ORDER BY s.priority LIMIT 1)
-             FROM p WHERE p.priority IS NOT NULL)
-       SELECT (SELECT s.scheduled_at FROM cyclone_steps s
-                WHERE s.kind = k.kind AND s.state = 'available' AND s.priority = p.priority
-                  AND s.scheduled_at > now()
-                ORDER BY s.scheduled_at LIMIT 1) AS at
-         FROM p WHERE p.priority IS NOT NULL) n;
+SELECT cyclone_steps_next_due(%(kinds)s::text[]) AS seconds;
 
 -- name: step_complete
 SELECT cyclone_step_complete(%(step_id)s, %(generation)s, %(output)s, %(max_output_bytes)s) AS status;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
@@ -40,6 +41,42 @@ async def fetch_one(conn: psycopg.AsyncConnection, sql: str, *params: Any) -> Ro
     rows = await fetch(conn, sql, *params)
     assert len(rows) == 1, rows
     return rows[0]
+
+
+async def nested_plans(conn: psycopg.AsyncConnection, sql: str, *params: Any,
+                       analyze: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """(query text, plan) of every statement `sql` runs inside functions, as auto_explain
+    logs them: the plans those functions actually use (their cached plans included), with
+    actual row counts when `analyze`."""
+    notices: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        notices.append(diag.message_primary or "")
+
+    settings = {"log_min_duration": "0", "log_nested_statements": "on", "log_format": "json",
+                "log_level": "notice", "log_analyze": "on" if analyze else "off", "log_timing": "off"}
+    await conn.execute("LOAD 'auto_explain'")
+    conn.add_notice_handler(keep)
+    try:
+        for name, value in settings.items():
+            await conn.execute(f"SET auto_explain.{name} = {value}")
+        await fetch(conn, sql, *params)
+    finally:
+        await conn.execute("RESET auto_explain.log_min_duration")
+        conn.remove_notice_handler(keep)
+    plans = []
+    for text in notices:  # "duration: 0.123 ms  plan:\n{...}"
+        doc = json.loads(text[text.index("{"):])
+        plans.append((doc["Query Text"], doc["Plan"]))
+    return plans
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """A plan's nodes, depth first."""
+    out = [plan]
+    for child in plan.get("Plans", []):
+        out += plan_nodes(child)
+    return out
 
 
 async def run_row(conn: psycopg.AsyncConnection, run_id: str) -> Row:

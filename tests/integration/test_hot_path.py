@@ -13,7 +13,8 @@ import asyncio
 
 import psycopg
 import pytest
-from engine_helpers import claim_one, fetch, fetch_one, run_row, start, states, step, task
+from engine_helpers import (claim_one, fetch, fetch_one, nested_plans, plan_nodes, run_row, start, states, step,
+                            task)
 
 from cyclone_server.engine import Engine, Result
 from cyclone_server.queries import Q
@@ -170,8 +171,8 @@ async def test_a_dag_batch_that_ends_a_child_run_settles_its_parent_node(engine:
 
 
 async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn) -> None:
-    """The dispatcher's next due time (steps_next_due) comes from the claim index: a loose
-    scan over the kind's priorities, then one probe each, whatever the backlog's size."""
+    """The dispatcher's next due time (cyclone_steps_next_due) comes from the claim index: a
+    loose scan over the kind's priorities, then one probe each, whatever the backlog's size."""
     await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
                        "'running')")
     # 30,000 claimable steps in three priorities, and two per priority due later.
@@ -190,15 +191,39 @@ async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn)
     await conn.execute("ANALYZE cyclone_steps")
     due = await engine.next_due(["k", "other"])
     assert due is not None and 3500 < due <= 3600  # the earliest: priority 0, in one hour
-    plan = (await fetch_one(conn, "EXPLAIN (FORMAT JSON) " + Q["steps_next_due"].replace("%(kinds)s", "%s"),
-                            ["k", "other"]))["QUERY PLAN"][0]["Plan"]
-    nodes = list(plan_nodes(plan))
+    plans = [plan for text, plan in await nested_plans(conn, Q["steps_next_due"].replace("%(kinds)s", "%s"),
+                                                       ["k", "other"]) if "WITH RECURSIVE" in text]
+    assert len(plans) == 1, plans
+    nodes = plan_nodes(plans[0])
     assert all(n["Node Type"] != "Seq Scan" for n in nodes), nodes
     assert {n["Index Name"] for n in nodes if n.get("Index Name")} == {"cyclone_steps_claim"}
 
 
-def plan_nodes(plan: dict) -> list[dict]:
-    out = [plan]
-    for child in plan.get("Plans", []):
-        out += plan_nodes(child)
-    return out
+async def test_the_claims_plan_made_once_reaches_each_step_by_index(engine: Engine, conn) -> None:
+    """The claim's statement is planned once per session, before the limit is known and
+    maybe while the tables are small (cyclone_steps_claim, force_generic_plan); that plan
+    still reads only the steps it claims, their runs and their parents, by index, when the
+    backlog has grown to 30,000 steps since."""
+    await engine.enqueue("k")
+    first = await fetch(conn, "SELECT step_id FROM cyclone_steps_claim('w', ARRAY['k'], 1, '30 s')")
+    assert len(first) == 1  # the plan is made now, with one step in the table
+    await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
+                       "'running')")
+    await conn.execute("""
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, scheduled_at, max_attempts,
+                                   max_reclaims, attempt_timeout, backoff_initial, backoff_max)
+        SELECT cyclone_uuid7(), '00000000-0000-7000-8000-000000000001', 'n' || i, 'k', 'task', 'available',
+               now() - make_interval(secs => 30000 - i), 25, 5, '600s', '1s', '600s'
+          FROM generate_series(1, 30000) i""")
+    plans = await nested_plans(conn, "SELECT node FROM cyclone_steps_claim('w', ARRAY['k'], 5, '30 s')",
+                               analyze=True)
+    claim = [plan for text, plan in plans if "WITH picked" in text]
+    assert len(claim) == 1, plans
+    nodes = plan_nodes(claim[0])
+    assert claim[0]["Actual Rows"] == 5
+    assert all(n["Node Type"] not in ("Seq Scan", "Hash Join", "Merge Join") for n in nodes), nodes
+    # No node reads more rows than the claim takes (a scan of the backlog would read 30,000).
+    assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 5, nodes
+    claimed = await fetch(conn, "SELECT node FROM cyclone_steps WHERE state = 'running' AND node LIKE 'n%%' "
+                                "ORDER BY node")
+    assert [r["node"] for r in claimed] == ["n1", "n2", "n3", "n4", "n5"]  # the oldest, in FIFO order

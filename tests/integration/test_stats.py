@@ -6,12 +6,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from engine_helpers import claim_one, db_now, fetch, fetch_one
+from engine_helpers import claim_one, db_now, fetch, fetch_one, plan_nodes
 
 from cyclone_server.engine import Engine
 
@@ -47,12 +45,6 @@ async def test_a_retried_step_is_scheduled_until_its_backoff_passes(engine: Engi
     await conn.execute("UPDATE cyclone_steps SET scheduled_at = now() - interval '1s' WHERE kind = 'flaky'")
     row = (await engine.stats())[0]
     assert (row["available"], row["scheduled"]) == (1, 0)
-
-
-def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from plan_nodes(child)
 
 
 async def test_view_reads_the_index_not_the_table(conn) -> None:

@@ -17,6 +17,17 @@
 -- The claim writes exactly what the document lists; the attempt does not change.
 -- `waited` is how long each step was claimable before this claim (dispatch latency).
 -- `trace_context` is the run's, for the lease.
+--
+-- Plans: the dispatcher runs this on every pass, often for one or two steps, so planning
+-- it each time would cost more than running it (about 0.5 ms against 0.2). PL/pgSQL keeps
+-- the statement's plan for the session, and force_generic_plan makes that plan once,
+-- without looking at p_limit: so it must not depend on how many steps are claimed or on
+-- the statistics of the moment (one made while the tables were small). Every step is
+-- therefore reached by index, whatever the planner guesses: picked through
+-- cyclone_steps_claim, updated by primary key (= ANY of the picked ids; `(SELECT
+-- 'available'::text)` so that no partial index of available steps qualifies, see "Plans"
+-- above), and its run and parents looked up by id each (OFFSET 0: joined, they could be
+-- hashed from a scan of the whole table).
 DROP FUNCTION IF EXISTS cyclone_steps_claim(text, text[], integer, interval);
 CREATE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
                                     p_lease_ttl interval)
@@ -24,12 +35,12 @@ RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer
                max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
                lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
                input jsonb, parents jsonb, trace_context jsonb)
-LANGUAGE sql
--- Postgres 18 caches a generic plan for this body too, made from the statistics of the
--- moment: one made while the tables were small may scan them. Every lookup here has an
--- index (see cyclone__promote).
+LANGUAGE plpgsql
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
+BEGIN
+    RETURN QUERY
     WITH picked AS (
         -- Per kind, so each kind's scan walks cyclone_steps_claim in order; the outer ORDER
         -- BY merges them. Rows locked here and not claimed are released at commit.
@@ -48,24 +59,55 @@ AS $$
            SET state = 'running', lease_expiry = now() + p_lease_ttl, lease_owner = p_owner,
                lease_generation = s.lease_generation + 1, started_at = now(),
                attempt_deadline = now() + s.attempt_timeout
-          FROM picked
-         WHERE s.id = picked.id AND s.state = 'available'
+         WHERE s.id = ANY (ARRAY(SELECT picked.id FROM picked)) AND s.state = (SELECT 'available'::text)
         RETURNING s.*
     )
     SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
            c.lease_generation, c.lease_expiry, c.attempt_deadline,
            greatest(extract(epoch FROM now() - c.scheduled_at), 0)::double precision, r.input,
-           -- OFFSET 0 keeps the parents a lookup by id each: joined, they could be
-           -- hashed from a scan of cyclone_steps for every claimed step.
            COALESCE((SELECT jsonb_object_agg(p.node, p.output)
                        FROM cyclone_step_deps d
                       CROSS JOIN LATERAL (SELECT p.node, p.output FROM cyclone_steps p
                                            WHERE p.id = d.dep_id OFFSET 0) p
                       WHERE d.step_id = c.id), '{}'::jsonb),
            r.trace_context
-      FROM claimed c JOIN cyclone_runs r ON r.id = c.run_id
-     ORDER BY c.priority, c.scheduled_at, c.id
-$$;
+      FROM claimed c
+     CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
+     ORDER BY c.priority, c.scheduled_at, c.id;
+END $$;
+
+-- Seconds until the first available step of these kinds whose scheduled_at is still ahead
+-- becomes claimable (NULL: none); the dispatcher asks after each pass that left slots free.
+-- From cyclone_steps_claim (kind, priority, scheduled_at): per kind, a loose scan over its
+-- priorities, then one index probe per priority. In a function for its plan, kept as the
+-- claim's is: as a statement of its own it was planned again on every pass (its custom
+-- plan always looks cheaper), which cost five times what running it does.
+CREATE OR REPLACE FUNCTION cyclone_steps_next_due(p_kinds text[]) RETURNS double precision
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    seconds double precision;
+BEGIN
+    SELECT extract(epoch FROM min(n.at) - now())::float8 INTO seconds
+      FROM unnest(p_kinds) AS k (kind)
+     CROSS JOIN LATERAL (
+           WITH RECURSIVE p (priority) AS (
+               (SELECT s.priority FROM cyclone_steps s
+                 WHERE s.kind = k.kind AND s.state = 'available' ORDER BY s.priority LIMIT 1)
+               UNION ALL
+               SELECT (SELECT s.priority FROM cyclone_steps s
+                        WHERE s.kind = k.kind AND s.state = 'available' AND s.priority > p.priority
+                        ORDER BY s.priority LIMIT 1)
+                 FROM p WHERE p.priority IS NOT NULL)
+           SELECT (SELECT s.scheduled_at FROM cyclone_steps s
+                    WHERE s.kind = k.kind AND s.state = 'available' AND s.priority = p.priority
+                      AND s.scheduled_at > now()
+                    ORDER BY s.scheduled_at LIMIT 1) AS at
+             FROM p WHERE p.priority IS NOT NULL) n;
+    RETURN seconds;
+END $$;
 
 -- running -> completed (the caller holds the run lock). The output is stored with the step;
 -- downstream steps whose last dep this was are promoted; the run completes when nothing
@@ -315,6 +357,17 @@ BEGIN
     SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
     IF fast IS NOT NULL THEN
         PERFORM pg_notify('cyclone_run_ended', '');
+        -- The jobs completed here, in one go; the loop at the end answers the rest.
+        RETURN QUERY
+            SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
+                   NULL::uuid
+              FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+             WHERE e.ord::integer = ANY (fast);
+        IF cardinality(fast) = jsonb_array_length(p_results) THEN
+            -- Every result was one (a drain of jobs): the statements below would find
+            -- nothing, and the loop's query is planned anew on most calls.
+            RETURN;
+        END IF;
     END IF;
 
     -- The completions of larger runs, for the runs whose every result here is one.
@@ -391,15 +444,7 @@ BEGIN
            AND r.state IN ('completed', 'failed', 'cancelled');
     END IF;
 
-    -- The jobs completed above, in one go; the loop below answers the rest one by one.
-    IF fast IS NOT NULL THEN
-        RETURN QUERY
-            SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
-                   NULL::uuid
-              FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
-             WHERE e.ord::integer = ANY (fast);
-    END IF;
-
+    -- Every result not answered above, one by one.
     FOR x IN
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                e.v AS e, s.run_id
