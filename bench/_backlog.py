@@ -218,7 +218,7 @@ def report_backlog(results: list[Drain], args) -> None:
           f"load(1,5,15)={os.getloadavg()}")
     rows = []
     for d in results:
-        claim = next((s for s in d.statements if s["top"] and "cyclone_steps_claim" in s["query"]), None)
+        claim = next((s for s in d.statements if s["top"] and "cyclone_leases_claim" in s["query"]), None)
         apply = next((s for s in d.statements if s["top"] and "cyclone_results_apply" in s["query"]), None)
         b, a = d.extra["before"]["cyclone_steps"], d.extra["after"]["cyclone_steps"]
         rows.append([f"{d.extra['backlog']:,} jobs, first {d.jobs:,}" + (", tuned autovacuum" if d.extra["tuned"] else ""),

@@ -184,7 +184,7 @@ class CycloneServer:
         ])
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
         self.engine.available_listeners.append(self.hub.wake)
-        self.runs = RunsServicer(self.engine, self.notifier)
+        self.runs = RunsServicer(self.engine, self.notifier, claim=self.hub.dispatcher.enqueue)
         # Every service registers through a Registrar: a request that does not parse is
         # INVALID_ARGUMENT. Cyclone's unary calls pass the gate; health and reflection keep
         # answering while the server drains (health says NOT_SERVING then).

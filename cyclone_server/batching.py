@@ -19,6 +19,7 @@ import asyncio
 import collections
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -32,14 +33,18 @@ BATCH_INPUT_BYTES = 16 << 20  # inputs per batch (compact JSON), so one batch's 
 _JOB_INDEX = re.compile(r"^jobs\[(\d+)\]: ")
 
 Waiter = tuple[PreparedJob, "asyncio.Future[tuple[str, str, bool]]"]
+# Writes a batch and claims for a worker that waits for its jobs, in one transaction; the
+# jobs' rows as Engine.enqueue_prepared returns them, or None when no worker waits.
+Claim = Callable[[list[PreparedJob]], Awaitable["list[tuple[str, str, bool]] | None"]]
 
 
 class EnqueueBatcher:
     """Engine.enqueue_job for many concurrent callers, `parallel` transactions at a time."""
 
     def __init__(self, engine: Engine, *, parallel: int = 2, max_batch: int = ENQUEUE_MANY_MAX,
-                 max_batch_bytes: int = BATCH_INPUT_BYTES) -> None:
+                 max_batch_bytes: int = BATCH_INPUT_BYTES, claim: Claim | None = None) -> None:
         self.engine = engine
+        self.claim = claim  # the server's Dispatcher.enqueue
         self.parallel = parallel
         self.max_batch = max_batch
         self.max_batch_bytes = max_batch_bytes
@@ -98,7 +103,7 @@ class EnqueueBatcher:
     async def _write_batch(self, batch: list[Waiter]) -> None:
         while batch:
             try:
-                rows = await self.engine.enqueue_prepared([job for job, _ in batch])
+                rows = await self._write_jobs([job for job, _ in batch])
             except (CycloneError, psycopg.Error) as e:
                 if isinstance(e, psycopg.OperationalError):  # unreachable, or the commit's fate unknown
                     _fail(batch, e)
@@ -119,6 +124,19 @@ class EnqueueBatcher:
             for (_, done), row in zip(batch, rows):
                 _settle(done, row)
             return
+
+    async def _write_jobs(self, jobs: list[PreparedJob]) -> list[tuple[str, str, bool]]:
+        """The batch in one transaction: with a claim for a waiting worker when there is one."""
+        if self.claim is not None:
+            try:
+                rows = await self.claim(jobs)
+            except (CycloneError, psycopg.Error) as e:
+                if isinstance(e, psycopg.OperationalError):  # as below: the commit's fate is unknown
+                    raise
+                rows = None  # rolled back: written again without the claim, which names a refused job
+            if rows is not None:
+                return rows
+        return await self.engine.enqueue_prepared(jobs)
 
     async def _write_alone(self, entry: Waiter) -> None:
         job, done = entry

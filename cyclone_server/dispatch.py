@@ -22,7 +22,7 @@ from cyclone_worker.values import fill_stored
 from . import tracing
 from .convert import duration_seconds, optional_value
 from .definitions import MAX_SECONDS
-from .engine import Engine, Result, canonical_id
+from .engine import Engine, PreparedJob, Result, canonical_id
 from .errors import CycloneError, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class WorkerConn:
     held: dict[LeaseKey, HeldLease] = field(default_factory=dict)
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     last_pong: float = field(default_factory=time.monotonic)
+    reserved: int = 0  # slots held by a claim in progress for this worker (the dispatcher's or an Enqueue's)
     unacked: int = 0  # results submitted and not yet acked
     answered: int = 0  # leases in `held` whose result arrived and freed their slot: no longer running
     handing_back: int = 0  # leases in `held` whose snooze arrived and is not acked yet
@@ -107,10 +108,11 @@ class WorkerConn:
         A snooze is different: it hands a lease back, as a stopping worker does with the
         leases it did not start just before it half-closes, so nothing is pushed to a
         worker while one of its snoozes waits for its ack (a lease pushed in between
-        would go to a worker that will not run it, and wait for its expiry)."""
+        would go to a worker that will not run it, and wait for its expiry). Slots held by
+        a claim in progress are not free: two claims for one worker never both fill them."""
         if self.closed or self.draining or self.handing_back:
             return 0
-        return max(0, self.slots - self.running)
+        return max(0, self.slots - self.running - self.reserved)
 
     def answer(self, key: LeaseKey, *, snooze: bool = False) -> HeldLease | None:
         """A result for the lease `key` arrived: the lease stays held, and renewed, until
@@ -349,45 +351,79 @@ class Dispatcher:
             want = conn.free_slots
             if not kinds or want <= 0:
                 continue
+            conn.reserved += want
             try:
-                rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
-            except psycopg.DataError as e:  # this worker's data, not the database: serve the others
-                log.warning("claim for worker %r failed: %s", conn.worker_id, e)
-                continue
-            if len(rows) < want:
-                exhausted.update(kinds)
-            if not rows:
-                continue
-            if conn.closed or conn.draining:
-                # The worker half-closed or went away while the claim ran: it will never
-                # answer these leases, so they are reclaimed now rather than at their expiry.
-                await self.release(conn.worker_id, [(r.step_id, r.lease_generation) for r in rows])
-                continue
-            claims = self.stats["claims"]
-            held = conn.held
-            # No await from the check above to the send below: the stream takes these.
-            msg = pb.ServerMessage()
-            add = msg.leases.leases.add
-            for row in rows:
-                trace = None
-                if row.trace_context:
-                    row, trace = _traced(row)
-                held[(row.step_id, row.lease_generation)] = HeldLease(
-                    run_id=row.run_id, kind=row.kind, attempt=row.attempt,
-                    attempt_deadline_us=row.attempt_deadline_us, trace=trace)
-                claims[row.kind] += 1
-                lease_message(row, add())
-            conn.send(msg)
-            for row in rows:  # from claimable (scheduled_at) to pushed
-                for observe in self.latency_observers:
-                    observe(row.waited)
-                for observe_kind in self.claim_observers:
-                    observe_kind(row.kind, row.waited)
+                try:
+                    rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
+                except psycopg.DataError as e:  # this worker's data, not the database: serve the others
+                    log.warning("claim for worker %r failed: %s", conn.worker_id, e)
+                    continue
+                if len(rows) < want:
+                    exhausted.update(kinds)
+                await self.deliver(conn, rows)
+            finally:
+                conn.reserved -= want
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         if not waiting:
             return None
         due = await self.engine.next_due(waiting)
         return None if due is None else max(due, MIN_DUE_WAIT)
+
+    async def deliver(self, conn: WorkerConn, rows: list[Any]) -> None:
+        """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message."""
+        if not rows:
+            return
+        if conn.closed or conn.draining:
+            # The worker half-closed or went away while the claim ran: it will never
+            # answer these leases, so they are reclaimed now rather than at their expiry.
+            await self.release(conn.worker_id, [(r.step_id, r.lease_generation) for r in rows])
+            return
+        claims = self.stats["claims"]
+        held = conn.held
+        # No await from the check above to the send below: the stream takes these.
+        msg = pb.ServerMessage()
+        add = msg.leases.leases.add
+        for row in rows:
+            trace = None
+            if row.trace_context:
+                row, trace = _traced(row)
+            held[(row.step_id, row.lease_generation)] = HeldLease(
+                run_id=row.run_id, kind=row.kind, attempt=row.attempt,
+                attempt_deadline_us=row.attempt_deadline_us, trace=trace)
+            claims[row.kind] += 1
+            lease_message(row, add())
+        conn.send(msg)
+        for row in rows:  # from claimable (scheduled_at) to pushed
+            for observe in self.latency_observers:
+                observe(row.waited)
+            for observe_kind in self.claim_observers:
+                observe_kind(row.kind, row.waited)
+
+    async def enqueue(self, jobs: list[PreparedJob]) -> list[tuple[str, str, bool]] | None:
+        """Write jobs for Enqueue and, when a worker connected here has free slots for their
+        kinds, claim for it in the same transaction (Engine.enqueue_claim) and push what was
+        claimed: the new job's lease goes out one commit and one dispatcher pass sooner.
+        Returns the jobs' rows as Engine.enqueue_prepared does, or None when no worker waits
+        for these jobs (then nothing was written). Workers take turns as in a pass."""
+        kinds = {j.params["node"]["kind"] for j in jobs if j.params["scheduled_at"] is None}
+        if self._stopping or not kinds:
+            return None
+        conns = [c for c in self.conns() if c.free_slots > 0 and not kinds.isdisjoint(c.kinds)]
+        if not conns:
+            return None
+        conn = conns[next(self._turn) % len(conns)]
+        served = [k for k in conn.kinds if k in kinds]
+        want = min(conn.free_slots, sum(1 for j in jobs if j.params["node"]["kind"] in served))
+        conn.reserved += want
+        try:
+            rows, leases = await self.engine.enqueue_claim(jobs, conn.worker_id, served, want, self.lease_ttl)
+            try:
+                await self.deliver(conn, leases)
+            except Exception:  # a bug; the jobs committed all the same, and the sweep reclaims the leases
+                log.exception("pushing %d leases claimed at Enqueue failed", len(leases))
+        finally:
+            conn.reserved -= want
+        return rows
 
 
 class ResultCommitter:

@@ -198,6 +198,12 @@ def _translate(e: psycopg.Error) -> CycloneError | None:
     return cls(e.diag.message_primary or str(e)) if cls is not None else None
 
 
+def _jobs_payload(jobs: Sequence[PreparedJob]) -> Jsonb:
+    """cyclone_jobs_enqueue's p_jobs for prepared jobs."""
+    return Jsonb([{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
+                  for j in jobs])
+
+
 def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
 
@@ -413,12 +419,27 @@ class Engine:
 
     async def enqueue_prepared(self, jobs: Sequence[PreparedJob]) -> list[tuple[str, str, bool]]:
         """Prepared jobs in one transaction, in order (cyclone_jobs_enqueue); errors name "jobs[i]: "."""
-        payload = [{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
-                   for j in jobs]
-        rows = await self._all("jobs_enqueue", jobs=Jsonb(payload))
+        rows = await self._all("jobs_enqueue", jobs=_jobs_payload(jobs))
         if len(rows) != len(jobs):  # one row per job, or the transaction failed
             raise RuntimeError(f"cyclone_jobs_enqueue returned {len(rows)} rows for {len(jobs)} jobs")
         return [(str(r["run_id"]), str(r["step_id"]), r["created"]) for r in rows]
+
+    async def enqueue_claim(self, jobs: Sequence[PreparedJob], owner: str, kinds: Sequence[str], limit: int,
+                            lease_ttl: float) -> tuple[list[tuple[str, str, bool]], list[Any]]:
+        """`enqueue_prepared`, then `claim_leases` in the same transaction (one commit): the
+        jobs' (run_id, step_id, created), and the leases claimed. New work is announced only
+        if something this transaction made is left claimable: when every job it created was
+        claimed here too, no dispatcher has anything to look for."""
+        rows = await self._fetch("jobs_enqueue_claim", {"jobs": _jobs_payload(jobs), "owner": owner, "kinds": list(kinds),
+                                                        "limit": limit, "lease_ttl": _seconds(lease_ttl)}, namedtuple_row)
+        made = sorted((r for r in rows if r.idx is not None), key=lambda r: r.idx)
+        if len(made) != len(jobs):
+            raise RuntimeError(f"cyclone_jobs_enqueue_claim returned {len(made)} jobs for {len(jobs)}")
+        leases = [r for r in rows if r.idx is None]
+        claimed = {r.step_id for r in leases}
+        if any(r.created and r.step_id not in claimed for r in made):
+            self.announce()
+        return [(r.run_id, r.step_id, r.created) for r in made], leases
 
     # -- leases --------------------------------------------------------------------------
 

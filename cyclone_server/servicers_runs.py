@@ -14,7 +14,7 @@ import grpc
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 from . import convert, definitions, tracing
-from .batching import EnqueueBatcher
+from .batching import Claim, EnqueueBatcher
 from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
 from .errors import InvalidArgument
 from .notify import Notifier
@@ -35,11 +35,12 @@ _ENQUEUE_DURATIONS = ("backoff_initial", "backoff_max", "attempt_timeout", "rete
 class RunsServicer(runs_pb2_grpc.RunsServicer):
     """cyclone.v1.Runs."""
 
-    def __init__(self, engine: Engine, notifier: Notifier) -> None:
+    def __init__(self, engine: Engine, notifier: Notifier, claim: Claim | None = None) -> None:
         self.engine = engine
         self.notifier = notifier
-        # Concurrent Enqueue calls share transactions (see batching.py).
-        self.enqueuer = EnqueueBatcher(engine)
+        # Concurrent Enqueue calls share transactions (see batching.py), which also claim for
+        # a worker that waits for their jobs (`claim`: the server's Dispatcher.enqueue).
+        self.enqueuer = EnqueueBatcher(engine, claim=claim)
         # WaitRun calls share one state query per cyclone_run_ended (see run_waits.py).
         self.run_ends = RunEndWatch(engine, notifier, recheck=WAIT_RECHECK)
         self._closing = asyncio.Event()

@@ -34,15 +34,10 @@ SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s) ORDER B
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: steps_claim_leases
--- The dispatcher's claim: the same transition as steps_claim, its columns as a Lease
--- carries them (ids as text, times as microseconds since the epoch, payloads as JSON
--- text), so that the server converts nothing it only passes on.
-SELECT step_id::text AS step_id, run_id::text AS run_id, node, kind, attempt, max_attempts, reclaims, snoozes,
-       lease_generation, (extract(epoch FROM lease_expiry) * 1000000)::bigint AS lease_expiry_us,
-       (extract(epoch FROM attempt_deadline) * 1000000)::bigint AS attempt_deadline_us, waited,
-       input::text AS input, CASE WHEN parents = '{}'::jsonb THEN NULL ELSE parents::text END AS parents,
-       trace_context
-  FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+SELECT * FROM cyclone_leases_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+
+-- name: jobs_enqueue_claim
+SELECT * FROM cyclone_jobs_enqueue_claim(%(jobs)s, %(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: results_apply
 -- %(results)s is the batch as JSON text (Engine.apply_results writes it).

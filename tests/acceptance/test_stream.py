@@ -227,7 +227,7 @@ async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclai
                     async def claim_waits() -> bool:
                         row = await (await watch.execute(
                             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                            "AND query LIKE '%%cyclone_steps_claim%%'")).fetchone()
+                            "AND query LIKE '%%cyclone_leases_claim%%'")).fetchone()
                         return row[0] > 0
 
                     await until(claim_waits)
@@ -526,3 +526,97 @@ async def test_a_child_run_ending_settles_its_parent_node_without_waiting_for_th
             await until(parent_completed)
         finally:
             await w.close()
+
+
+async def test_an_enqueue_for_a_waiting_worker_is_claimed_in_its_own_transaction(channel, workers, db_url) -> None:
+    """With a worker of the kind waiting, Enqueue writes the job and claims it for that
+    worker in one transaction (one commit, no dispatcher pass): the claim's start time
+    (`started_at`, the transaction's now()) is the run's `created_at`. A job enqueued with
+    no worker waiting is claimed later, by the dispatcher. (While a dispatcher pass holds
+    the worker's free slots, an Enqueue only writes its job: so up to 10 tries.)"""
+    (alone,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 2)
+    await w.connect()
+    (first,) = await w.leases(1)
+    assert first.run_id == alone.run_id
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        async def claimed_with_its_run(run_id: str) -> tuple[bool, str, str]:
+            row = await (await conn.execute(
+                "SELECT s.started_at = r.created_at, s.state, s.lease_owner FROM cyclone_runs r "
+                "JOIN cyclone_steps s ON s.run_id = r.id WHERE r.id = %s", (run_id,))).fetchone()
+            return row
+
+        assert await claimed_with_its_run(alone.run_id) == (False, "running", w.hello.worker_id)
+        for _ in range(10):
+            (job,) = await enqueue(channel, "resize")
+            (lease,) = await w.leases(1)
+            assert (lease.run_id, lease.step_id, lease.attempt, lease.lease_generation) == (
+                job.run_id, job.step_id, 1, 1)
+            same, state, owner = await claimed_with_its_run(job.run_id)
+            assert (state, owner) == ("running", w.hello.worker_id)
+            if same:
+                break
+            await w.send(completed(lease))
+            await w.acks(1)
+        assert same, "no Enqueue claimed its job in its own transaction"
+
+
+async def test_enqueues_and_the_dispatcher_together_never_push_more_leases_than_slots(channel, workers) -> None:
+    """Enqueue claims for a waiting worker while the dispatcher may claim for the same
+    worker: each holds the slots it claims for until it pushed, so that the worker never
+    gets more leases than it has slots, while 60 concurrent Enqueues and its results race."""
+    slots, jobs = 3, 60
+    w = workers(["resize"], slots)
+    await w.connect()
+    runs = runs_pb2_grpc.RunsStub(channel)
+    calls = asyncio.gather(*(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")) for _ in range(jobs)))
+    outstanding, most, done = 0, 0, set()
+    while len(done) < jobs:
+        msg = await w.next("leases")
+        outstanding += len(msg.leases)
+        most = max(most, outstanding)
+        assert outstanding <= slots, f"{outstanding} leases held by a worker with {slots} slots"
+        done.update(lease.step_id for lease in msg.leases)
+        # Answered one message at a time: a result frees its slot, and wakes the dispatcher.
+        await w.send(*(completed(lease) for lease in msg.leases))
+        outstanding -= len(msg.leases)
+    assert len(await calls) == jobs and most >= 1
+
+
+async def test_claims_at_once_for_one_free_slot_fill_it_once(channel, workers, db_url) -> None:
+    """A claim for a waiting worker, an Enqueue's or the dispatcher's, holds the worker's
+    free slots until it pushed: a second claim meanwhile finds no free slot, and an
+    Enqueue then only writes its job. The claims are held up by a lock on
+    cyclone_step_deps, which a claim reads and a job's insert does not."""
+    w = workers(["resize"], 1)
+    await w.connect()
+    runs = runs_pb2_grpc.RunsStub(channel)
+    async with await psycopg.AsyncConnection.connect(db_url) as lock, \
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch:
+        async def waiting_claims() -> int:
+            row = await (await watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND (query LIKE '%%cyclone_jobs_enqueue_claim%%' OR query LIKE '%%cyclone_leases_claim%%')"
+            )).fetchone()
+            return row[0]
+
+        async with lock.transaction():
+            await lock.execute("LOCK TABLE cyclone_step_deps IN ACCESS EXCLUSIVE MODE")
+            first = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
+            await until(waiting_claims)  # this Enqueue's claim, or a dispatcher pass's
+            second = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
+            # With the slot held, the second call writes its job without a claim, and returns.
+            await until(lambda: _either(second, waiting_claims))
+        a, b = await first, await second
+        (lease,) = await w.leases(1)
+        running = await (await watch.execute(
+            "SELECT r.id::text FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id "
+            "WHERE s.state = 'running' AND s.lease_owner = %s", (w.hello.worker_id,))).fetchall()
+    assert [r[0] for r in running] == [lease.run_id]
+    await w.send(completed(lease))
+    (after,) = await w.leases(1)  # the slot is free again: the dispatcher claims the other job
+    assert {lease.run_id, after.run_id} == {a.run_id, b.run_id}
+
+
+async def _either(call: asyncio.Future[Any], waiting: Callable[[], Any]) -> bool:
+    return call.done() or await waiting() >= 2

@@ -211,3 +211,56 @@ async def test_a_batch_the_set_based_path_cannot_write_goes_job_by_job_and_names
         await conn.execute("SELECT * FROM cyclone_jobs_enqueue(%s)", [psycopg.types.json.Jsonb(jobs)])
     assert e.value.diag.message_primary.startswith("jobs[1]: ")
     assert await snapshot(conn) == before
+
+
+async def test_enqueue_claim_takes_the_oldest_steps_first_and_announces_what_it_leaves(engine: Engine, conn) -> None:
+    """Engine.enqueue_claim (Enqueue with a worker waiting) writes the jobs and claims in the
+    same transaction, in priority then FIFO order: an older step of the kind goes first.
+    It announces new work only when a job it made is left claimable."""
+    announced = []
+    engine.available_listeners.append(lambda: announced.append(1))
+    old_run, old_step, _ = await engine.enqueue("k", input="old")
+    announced.clear()
+
+    rows, leases = await engine.enqueue_claim([engine.prepare_job(Job("k", input="new"))], "w", ["k"], 1, 30)
+    [(new_run, new_step, created)] = rows
+    assert created and [lease.step_id for lease in leases] == [old_step]  # the older one
+    assert announced == [1]  # the new job is still claimable
+    announced.clear()
+
+    rows, leases = await engine.enqueue_claim([engine.prepare_job(Job("k", input="newer"))], "w", ["k"], 5, 30)
+    [(newer_run, newer_step, _)] = rows
+    assert [lease.step_id for lease in leases] == [new_step, newer_step]
+    assert announced == []  # everything it made was claimed with it
+    # The lease rows are the dispatcher's claim's, column for column.
+    assert leases[1].run_id == newer_run and (leases[1].attempt, leases[1].lease_generation) == (1, 1)
+    assert leases[1].input == '"newer"' and leases[1].parents is None
+    steps = await fetch(conn, "SELECT s.id::text, s.state, s.lease_owner, s.started_at = r.created_at AS same_txn "
+                              "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id ORDER BY s.id")
+    assert [(s["id"], s["state"], s["lease_owner"], s["same_txn"]) for s in steps] == [
+        (old_step, "running", "w", False), (new_step, "running", "w", False), (newer_step, "running", "w", True)]
+    assert await violations(conn) == {}
+
+
+async def test_a_batch_the_claiming_write_refuses_is_written_again_and_the_refused_job_named(engine: Engine,
+                                                                                              conn) -> None:
+    """A batch written with a claim (the server's Enqueue with a worker waiting) that the
+    database refuses rolls back whole, and goes again the usual way, which answers the
+    refused job alone and writes the others."""
+    await engine.enqueue("mail", input={"to": "x"}, idempotency_key="taken")
+    tried = []
+
+    async def claim(jobs):
+        tried.append(len(jobs))
+        rows, _ = await engine.enqueue_claim(jobs, "w", ["k"], 100, 30)
+        return rows
+
+    batcher = EnqueueBatcher(engine, parallel=1, claim=claim)
+    calls = [Job("k", input=i) for i in range(30)]
+    calls[5] = Job("mail", input={"to": "y"}, idempotency_key="taken")
+    answers = await asyncio.gather(*(batcher.enqueue(job) for job in calls), return_exceptions=True)
+    assert isinstance(answers[5], AlreadyExists)
+    assert all(answer[2] for i, answer in enumerate(answers) if i != 5)
+    assert tried and len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 1 + 29
+    assert await violations(conn) == {}
+    await batcher.close()

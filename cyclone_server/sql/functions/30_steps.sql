@@ -76,6 +76,47 @@ BEGIN
      ORDER BY c.priority, c.scheduled_at, c.id;
 END $$;
 
+-- The dispatcher's claim: cyclone_steps_claim's rows as a Lease carries them (ids as text,
+-- times as microseconds since the epoch, payloads as JSON text, parents NULL when the node
+-- has none), so that the server converts nothing it only passes on.
+CREATE OR REPLACE FUNCTION cyclone_leases_claim(p_owner text, p_kinds text[], p_limit integer,
+                                                p_lease_ttl interval)
+RETURNS TABLE (step_id text, run_id text, node text, kind text, attempt integer, max_attempts integer,
+               reclaims integer, snoozes integer, lease_generation bigint, lease_expiry_us bigint,
+               attempt_deadline_us bigint, waited double precision, input text, parents text,
+               trace_context jsonb)
+LANGUAGE sql AS $$
+    SELECT c.step_id::text, c.run_id::text, c.node, c.kind, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
+           c.lease_generation, (extract(epoch FROM c.lease_expiry) * 1000000)::bigint,
+           (extract(epoch FROM c.attempt_deadline) * 1000000)::bigint, c.waited, c.input::text,
+           CASE WHEN c.parents = '{}'::jsonb THEN NULL ELSE c.parents::text END, c.trace_context
+      FROM cyclone_steps_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS c
+$$;
+
+-- Enqueue, then claim in the same transaction for a worker that waits for these kinds (the
+-- server's Enqueue when such a worker has free slots): one commit instead of two, and the
+-- lease goes out as the call returns. The claim is the dispatcher's, in priority then FIFO
+-- order, so an older step of these kinds is claimed before a job enqueued here. Rows:
+-- each job's as cyclone_jobs_enqueue returns it (idx set, the lease columns NULL), then
+-- each claimed step's as cyclone_leases_claim returns it (idx NULL).
+CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue_claim(p_jobs jsonb, p_owner text, p_kinds text[],
+                                                      p_limit integer, p_lease_ttl interval)
+RETURNS TABLE (idx integer, created boolean, step_id text, run_id text, node text, kind text, attempt integer,
+               max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
+               lease_expiry_us bigint, attempt_deadline_us bigint, waited double precision, input text,
+               parents text, trace_context jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+        SELECT e.idx, e.created, e.step_id::text, e.run_id::text, NULL::text, NULL::text, NULL::integer,
+               NULL::integer, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
+               NULL::double precision, NULL::text, NULL::text, NULL::jsonb
+          FROM cyclone_jobs_enqueue(p_jobs) AS e;
+    RETURN QUERY
+        SELECT NULL::integer, NULL::boolean, l.*
+          FROM cyclone_leases_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS l;
+END $$;
+
 -- Seconds until the first available step of these kinds whose scheduled_at is still ahead
 -- becomes claimable (NULL: none); the dispatcher asks after each pass that left slots free.
 -- From cyclone_steps_claim (kind, priority, scheduled_at): per kind, a loose scan over its
