@@ -128,7 +128,9 @@ def test_edited_function_file_is_applied_again(empty_db_url: str, use_files) -> 
 
 
 def _files_in(folder) -> list[SqlFile]:
-    return sorted((SqlFile(p.name, p.read_text()) for p in folder.glob("*.sql")), key=lambda f: f.name)
+    files = sorted((SqlFile(p.name, p.read_text()) for p in folder.glob("*.sql")), key=lambda f: f.name)
+    assert files, f"no SQL files in {folder}"  # a fixture gone missing must not pass as an empty database
+    return files
 
 
 def _functions_of(url: str) -> set[tuple[str, str]]:
@@ -143,7 +145,7 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     # The SQL files as they were at the last landing (git archive of that commit): a
     # function whose parameters were renamed or removed must be dropped before it is
     # created again, or the upgrade fails where a fresh database does not.
-    landed = Path(__file__).parent / "fixtures" / "sql_landed_19b0937"
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_39122fc"
     use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
     migrate(empty_db_url)
     use_files(migrations(), functions())
