@@ -126,8 +126,11 @@ class EnqueueBatcher:
             return
 
     async def _write_jobs(self, jobs: list[PreparedJob]) -> list[tuple[str, str, bool]]:
-        """The batch in one transaction: with a claim for a waiting worker when there is one."""
-        if self.claim is not None:
+        """The batch in one transaction: with a claim for a waiting worker when the call came
+        alone (one job, no other batch written or waiting). A claim of a step or two costs
+        Postgres several times per step what the dispatcher's claim of many does, and under
+        load the calls come in batches anyway, which the dispatcher serves in bulk."""
+        if self.claim is not None and len(jobs) == 1 and not self._waiting and self._writers == 1:
             try:
                 rows = await self.claim(jobs)
             except (CycloneError, psycopg.Error) as e:

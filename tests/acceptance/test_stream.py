@@ -585,9 +585,9 @@ async def test_enqueues_and_the_dispatcher_together_never_push_more_leases_than_
 
 async def test_claims_at_once_for_one_free_slot_fill_it_once(channel, workers, db_url) -> None:
     """A claim for a waiting worker, an Enqueue's or the dispatcher's, holds the worker's
-    free slots until it pushed: a second claim meanwhile finds no free slot, and an
-    Enqueue then only writes its job. The claims are held up by a lock on
-    cyclone_step_deps, which a claim reads and a job's insert does not."""
+    free slots until it pushed: the dispatcher's pass, woken by a second job meanwhile,
+    finds no free slot. The claims are held up by a lock on cyclone_step_deps, which a
+    claim reads and a job's insert does not."""
     w = workers(["resize"], 1)
     await w.connect()
     runs = runs_pb2_grpc.RunsStub(channel)
@@ -605,7 +605,8 @@ async def test_claims_at_once_for_one_free_slot_fill_it_once(channel, workers, d
             first = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
             await until(waiting_claims)  # this Enqueue's claim, or a dispatcher pass's
             second = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
-            # With the slot held, the second call writes its job without a claim, and returns.
+            # The second call (not alone) writes its job without a claim, and returns; with
+            # the slot held, the dispatcher does not claim for the worker either.
             await until(lambda: _either(second, waiting_claims))
         a, b = await first, await second
         (lease,) = await w.leases(1)

@@ -242,11 +242,11 @@ async def test_enqueue_claim_takes_the_oldest_steps_first_and_announces_what_it_
     assert await violations(conn) == {}
 
 
-async def test_a_batch_the_claiming_write_refuses_is_written_again_and_the_refused_job_named(engine: Engine,
-                                                                                              conn) -> None:
-    """A batch written with a claim (the server's Enqueue with a worker waiting) that the
-    database refuses rolls back whole, and goes again the usual way, which answers the
-    refused job alone and writes the others."""
+async def test_a_lone_call_is_written_with_a_claim_and_concurrent_calls_without(engine: Engine, conn) -> None:
+    """EnqueueBatcher writes a call that comes alone with its claim for a waiting worker
+    (the server's Dispatcher.enqueue); a job the database refuses there rolls back whole and
+    is written again the usual way, which gives its error. Calls that come together are
+    written as one batch without a claim: the dispatcher claims for them in bulk."""
     await engine.enqueue("mail", input={"to": "x"}, idempotency_key="taken")
     tried = []
 
@@ -255,12 +255,18 @@ async def test_a_batch_the_claiming_write_refuses_is_written_again_and_the_refus
         rows, _ = await engine.enqueue_claim(jobs, "w", ["k"], 100, 30)
         return rows
 
-    batcher = EnqueueBatcher(engine, parallel=1, claim=claim)
-    calls = [Job("k", input=i) for i in range(30)]
-    calls[5] = Job("mail", input={"to": "y"}, idempotency_key="taken")
-    answers = await asyncio.gather(*(batcher.enqueue(job) for job in calls), return_exceptions=True)
-    assert isinstance(answers[5], AlreadyExists)
-    assert all(answer[2] for i, answer in enumerate(answers) if i != 5)
-    assert tried and len(await fetch(conn, "SELECT id FROM cyclone_runs")) == 1 + 29
+    batcher = EnqueueBatcher(engine, claim=claim)
+    with pytest.raises(AlreadyExists, match='idempotency_key "taken"'):
+        await batcher.enqueue(Job("mail", input={"to": "y"}, idempotency_key="taken"))
+    run_id, _, created = await batcher.enqueue(Job("k", input="alone"))
+    assert created and tried == [1, 1]
+    [step] = await fetch(conn, "SELECT state, lease_owner FROM cyclone_steps WHERE run_id = %s", run_id)
+    assert (step["state"], step["lease_owner"]) == ("running", "w")
+
+    answers = await asyncio.gather(*(batcher.enqueue(Job("k", input=i)) for i in range(30)))
+    assert all(created for _, _, created in answers) and tried == [1, 1]
+    states = await fetch(conn, "SELECT s.state, count(*) AS n FROM cyclone_steps s JOIN cyclone_runs r "
+                               "ON r.id = s.run_id WHERE r.input <> '\"alone\"' AND s.kind = 'k' GROUP BY s.state")
+    assert [(r["state"], r["n"]) for r in states] == [("available", 30)]
     assert await violations(conn) == {}
     await batcher.close()
