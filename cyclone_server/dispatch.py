@@ -405,7 +405,8 @@ class Dispatcher:
         claimed: the new job's lease goes out one commit and one dispatcher pass sooner.
         Returns the jobs' rows as Engine.enqueue_prepared does, or None when no worker waits
         for these jobs (then nothing was written). Workers take turns as in a pass."""
-        kinds = {j.params["node"]["kind"] for j in jobs if j.params["scheduled_at"] is None}
+        ready = [j.params["node"]["kind"] for j in jobs if j.params["scheduled_at"] is None]  # claimable now
+        kinds = set(ready)
         if self._stopping or not kinds:
             return None
         conns = [c for c in self.conns() if c.free_slots > 0 and not kinds.isdisjoint(c.kinds)]
@@ -413,7 +414,7 @@ class Dispatcher:
             return None
         conn = conns[next(self._turn) % len(conns)]
         served = [k for k in conn.kinds if k in kinds]
-        want = min(conn.free_slots, sum(1 for j in jobs if j.params["node"]["kind"] in served))
+        want = min(conn.free_slots, sum(1 for kind in ready if kind in served))
         conn.reserved += want
         try:
             rows, leases = await self.engine.enqueue_claim(jobs, conn.worker_id, served, want, self.lease_ttl)
