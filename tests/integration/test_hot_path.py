@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import psycopg
 import pytest
-from engine_helpers import (claim_one, fetch, fetch_one, nested_plans, plan_nodes, run_row, start, states, step,
-                            task)
+from engine_helpers import (Row, claim_one, fetch, fetch_one, nested_plans, plan_nodes, run_row, start, states,
+                            step, task)
 
 from cyclone_server.engine import Engine, Result
 from cyclone_server.queries import Q
@@ -227,3 +228,51 @@ async def test_the_claims_plan_made_once_reaches_each_step_by_index(engine: Engi
     claimed = await fetch(conn, "SELECT node FROM cyclone_steps WHERE state = 'running' AND node LIKE 'n%%' "
                                 "ORDER BY node")
     assert [r["node"] for r in claimed] == ["n1", "n2", "n3", "n4", "n5"]  # the oldest, in FIFO order
+
+
+async def test_result_batches_planned_on_small_tables_reach_their_rows_by_index(engine: Engine, conn) -> None:
+    """cyclone_results_apply's statements are planned while the tables are small (a new
+    database, the first minutes of a server) and the session keeps those plans until the
+    next ANALYZE. After the tables have grown to 30,000 runs and steps, they still read
+    only the batch's steps, their runs and their dependents, by index."""
+    await engine.register_workflow("pair", [task("a"), task("b", "a")])
+
+    def batch(results: list[tuple[Row, int]]) -> str:
+        return json.dumps([{"step_id": str(lease["step_id"]), "generation": lease["lease_generation"],
+                            "outcome": "completed", "output": out, "output_bytes": len(str(out))}
+                           for lease, out in results])
+
+    apply = "SELECT status FROM cyclone_results_apply(%s::jsonb)"
+    for _ in range(8):  # past plancache's five custom plans: then the session keeps one plan per statement
+        # A job and a node of a DAG run in one batch (both set-based paths), then the DAG's
+        # last node alone, which ends its run.
+        await engine.enqueue("job")
+        await engine.submit_run("pair")
+        first = [(await claim_one(engine, "job"), 1), (await claim_one(engine, "a"), 2)]
+        assert [r["status"] for r in await fetch(conn, apply, batch(first))] == ["applied"] * 2
+        assert [r["status"] for r in await fetch(conn, apply, batch([(await claim_one(engine, "b"), 3)]))] == [
+            "applied"]
+    await conn.execute("""
+        WITH r AS (INSERT INTO cyclone_runs (id, state) SELECT cyclone_uuid7(), 'running'
+                     FROM generate_series(1, 30000) RETURNING id)
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims,
+                                   attempt_timeout, backoff_initial, backoff_max)
+        SELECT cyclone_uuid7(), r.id, 'n', 'elsewhere', 'task', 'available', 25, 5, '600s', '1s', '600s' FROM r""")
+
+    job = (await engine.enqueue("job"))[0]
+    run_id, _ = await engine.submit_run("pair")
+    plans = await nested_plans(conn, apply, batch([(await claim_one(engine, "job"), 1),
+                                                   (await claim_one(engine, "a"), 2)]), analyze=True)
+    assert (await run_row(conn, job))["state"] == "completed"
+    assert (await states(conn, run_id)) == {"a": "completed", "b": "available"}
+    plans += await nested_plans(conn, apply, batch([(await claim_one(engine, "b"), 3)]), analyze=True)
+    assert (await run_row(conn, run_id))["state"] == "completed"
+    # A scan of either table reads 30,000 rows; by index, no node reads more than a few.
+    wide = {}
+    for text, plan in plans:
+        for n in plan_nodes(plan):
+            rows = n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
+            if rows > 4:
+                wide.setdefault(" ".join(text.split())[:90], []).append(
+                    (n["Node Type"], n.get("Index Name") or n.get("Relation Name"), rows))
+    assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())

@@ -339,6 +339,16 @@ END $$;
 --
 -- `ended_child_run`: set when this result ended a child run, whose parent node the caller
 -- settles in a new transaction once this one committed (cyclone_child_runs_settle).
+--
+-- Plans: the session keeps one plan per statement, often made while the tables were small
+-- (a new database, a queue that fills in the minute before autovacuum analyzes it). Made
+-- then, a join from the batch to the steps or the runs was hashed from a scan of the whole
+-- table, or the runs were found through cyclone_runs_state_created: once the tables had
+-- grown, every batch read every running run (15,000 buffers for 46 results). So every row
+-- is reached by primary key whatever the statistics: looked up one by one (LATERAL ...
+-- OFFSET 0, the run's state and the step's state compared outside), and updated by primary
+-- key (= ANY of the ids found). The runs are locked by this batch before, so the state
+-- read in a statement holds when the same statement updates them.
 DROP FUNCTION IF EXISTS cyclone_results_apply(jsonb, integer);
 CREATE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
 RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid)
@@ -362,7 +372,8 @@ DECLARE
     n integer;
 BEGIN
     SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
-      FROM jsonb_array_elements(p_results) e JOIN cyclone_steps s ON s.id = (e ->> 'step_id')::uuid;
+      FROM jsonb_array_elements(p_results) e
+     CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = (e ->> 'step_id')::uuid OFFSET 0) s;
     IF runs IS NOT NULL THEN
         PERFORM 1 FROM cyclone_runs r WHERE r.id = runs[1] FOR NO KEY UPDATE;
         SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}') INTO locked
@@ -377,22 +388,31 @@ BEGIN
                count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
          WHERE e.v ->> 'outcome' = 'completed' AND (e.v ->> 'output_bytes')::integer <= p_max_output_bytes
+    ), t AS MATERIALIZED (
+        -- The jobs' steps running under the result's generation, in runs this batch locked
+        -- (so their state holds until commit) that are running or paused.
+        SELECT b.i, b.sid, b.gen, b.output
+          FROM b
+         CROSS JOIN LATERAL (SELECT s.run_id, s.state, s.lease_generation FROM cyclone_steps s
+                              WHERE s.id = b.sid OFFSET 0) s
+         CROSS JOIN LATERAL (SELECT r.state, r.parent_run_id FROM cyclone_runs r
+                              WHERE r.id = s.run_id OFFSET 0) r
+         WHERE b.answers = 1 AND s.state = 'running' AND s.lease_generation = b.gen
+           AND s.run_id = ANY (locked) AND r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
+           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> b.sid OFFSET 0)
     ), done AS (
         UPDATE cyclone_steps s
-           SET state = 'completed', output = b.output, finished_at = now()
-          FROM b, cyclone_runs r
-         WHERE s.id = b.sid AND b.answers = 1
-           AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
-           AND s.run_id = ANY (locked) AND r.id = s.run_id
-           AND r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
-           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id)
-        RETURNING s.run_id, s.node, s.output, b.i
+           SET state = 'completed', output = t.output, finished_at = now()
+          FROM t
+         WHERE s.id = ANY (ARRAY(SELECT t.sid FROM t)) AND s.id = t.sid
+           AND s.state = (SELECT 'running'::text) AND s.lease_generation = t.gen
+        RETURNING s.run_id, s.node, s.output, t.i
     ), ended AS (
         UPDATE cyclone_runs r
            SET state = 'completed', finished_at = now(), updated_at = now(),
                paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
           FROM done d
-         WHERE r.id = d.run_id
+         WHERE r.id = ANY (ARRAY(SELECT d.run_id FROM done d)) AND r.id = d.run_id
         RETURNING r.id
     )
     SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
@@ -418,19 +438,24 @@ BEGIN
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
          WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
     ), j AS MATERIALIZED (
-        SELECT e.*, s.run_id FROM e JOIN cyclone_steps s ON s.id = e.sid
+        SELECT e.*, s.run_id
+          FROM e CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = e.sid OFFSET 0) s
          WHERE s.run_id = ANY (locked)
-    ), whole AS (
-        SELECT j.run_id FROM j GROUP BY j.run_id
-        HAVING bool_and(j.answers = 1 AND j.v ->> 'outcome' = 'completed'
-                        AND (j.v ->> 'output_bytes')::integer <= p_max_output_bytes)
+    ), whole AS MATERIALIZED (
+        -- Locked by this batch, so their state holds until commit.
+        SELECT w.run_id
+          FROM (SELECT j.run_id FROM j GROUP BY j.run_id
+                HAVING bool_and(j.answers = 1 AND j.v ->> 'outcome' = 'completed'
+                                AND (j.v ->> 'output_bytes')::integer <= p_max_output_bytes)) w
+         CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = w.run_id OFFSET 0) r
+         WHERE r.state IN ('running', 'paused')
     ), done AS (
         UPDATE cyclone_steps s
            SET state = 'completed', output = COALESCE(j.v -> 'output', 'null'::jsonb), finished_at = now()
-          FROM j, whole, cyclone_runs r
-         WHERE s.id = j.sid AND j.run_id = whole.run_id AND s.run_id = j.run_id
+          FROM j
+         WHERE s.id = ANY (ARRAY(SELECT j.sid FROM j JOIN whole ON whole.run_id = j.run_id))
+           AND s.id = j.sid AND s.run_id = j.run_id
            AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
-           AND r.id = s.run_id AND r.state IN ('running', 'paused')
         RETURNING s.id, s.run_id, j.i
     )
     SELECT array_agg(d.i), array_agg(d.id), array_agg(DISTINCT d.run_id) INTO dag, dag_steps, dag_runs
@@ -440,23 +465,29 @@ BEGIN
         -- completed steps whose deps are all completed now, in runs that are running (a
         -- paused run keeps them pending until Resume). The dependents first, on their own,
         -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep.
-        SELECT array_agg(DISTINCT a.step_id) INTO cands FROM cyclone_step_deps a WHERE a.dep_id = ANY (dag_steps);
+        SELECT array_agg(DISTINCT a.step_id) INTO cands
+          FROM unnest(dag_steps) AS u (id)
+         CROSS JOIN LATERAL (SELECT a.step_id FROM cyclone_step_deps a WHERE a.dep_id = u.id OFFSET 0) a;
         IF cands IS NOT NULL THEN
             SELECT array_agg(s.id) FILTER (WHERE s.type = 'task'),
                    array_agg(s.id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task'),
                    array_agg(s.run_id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task')
               INTO tasks, waits, wait_runs
-              FROM cyclone_steps s
-             WHERE s.id = ANY (cands) AND s.state = 'pending'
-               AND EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'running')
-               AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
+              FROM unnest(cands) AS c (id)
+             CROSS JOIN LATERAL (SELECT s.id, s.run_id, s.type, s.state FROM cyclone_steps s
+                                  WHERE s.id = c.id OFFSET 0) s
+             CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) r
+             WHERE s.state = 'pending' AND r.state = 'running'
+               AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d
+                                CROSS JOIN LATERAL (SELECT p.state FROM cyclone_steps p
+                                                     WHERE p.id = d.dep_id OFFSET 0) p
                                 WHERE d.step_id = s.id AND p.state <> 'completed');
             IF tasks IS NOT NULL THEN
                 -- What cyclone__step_enter does to a task node.
                 UPDATE cyclone_steps
                    SET state = 'available', scheduled_at = now(), wait_started_at = NULL, timer_at = NULL,
                        max_wait_at = NULL, timer_left = NULL, max_wait_left = NULL
-                 WHERE id = ANY (tasks) AND state = 'pending';
+                 WHERE id = ANY (tasks) AND state = (SELECT 'pending'::text);
                 PERFORM cyclone__notify_available();
             END IF;
             FOR n IN 1 .. COALESCE(cardinality(waits), 0) LOOP
@@ -465,13 +496,18 @@ BEGIN
         END IF;
         -- cyclone__run_settle for each affected run: completed once nothing non-terminal
         -- remains (a separate statement, so that it sees the completions above).
+        -- The runs are locked by this batch: their state holds until commit.
         WITH ended AS (
             UPDATE cyclone_runs r
                SET state = 'completed', finished_at = now(), updated_at = now(),
                    paused_at = NULL, deadline_left = NULL, result = cyclone__run_result(r.id)
-             WHERE r.id = ANY (dag_runs) AND r.state IN ('running', 'paused')
-               AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = r.id
-                                  AND s.state NOT IN ('completed', 'discarded', 'cancelled'))
+             WHERE r.id = ANY (ARRAY(
+                       SELECT u.id FROM unnest(dag_runs) AS u (id)
+                        CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = u.id OFFSET 0) r
+                        WHERE r.state IN ('running', 'paused')
+                          AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = u.id
+                                             AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+                                          OFFSET 0)))
             RETURNING r.id
         )
         SELECT count(*) INTO n FROM ended;
@@ -480,9 +516,10 @@ BEGIN
         END IF;
         -- The child runs that ended here (here or in a wait node's promotion), for the caller
         -- to settle their parent nodes.
-        SELECT array_agg(r.id) INTO dag_children FROM cyclone_runs r
-         WHERE r.id = ANY (dag_runs) AND r.parent_run_id IS NOT NULL
-           AND r.state IN ('completed', 'failed', 'cancelled');
+        SELECT array_agg(u.id) INTO dag_children
+          FROM unnest(dag_runs) AS u (id)
+         CROSS JOIN LATERAL (SELECT r.state, r.parent_run_id FROM cyclone_runs r WHERE r.id = u.id OFFSET 0) r
+         WHERE r.parent_run_id IS NOT NULL AND r.state IN ('completed', 'failed', 'cancelled');
     END IF;
 
     -- Every result not answered above, one by one.
@@ -490,7 +527,8 @@ BEGIN
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                e.v AS e, s.run_id
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
-          LEFT JOIN cyclone_steps s ON s.id = (e.v ->> 'step_id')::uuid
+          LEFT JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s
+                              WHERE s.id = (e.v ->> 'step_id')::uuid OFFSET 0) s ON true
          WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
          ORDER BY s.run_id NULLS FIRST, e.ord
     LOOP
