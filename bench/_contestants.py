@@ -86,6 +86,26 @@ async def enqueue_cyclone(address: str, jobs: int) -> None:
         await asyncio.gather(*(call(s) for s in range(0, jobs, 1000)))
 
 
+DAG_NODES = 10  # a root, 8 in the middle, a join
+
+
+async def submit_dags(address: str, steps: int) -> None:
+    """steps / 10 runs of a 10-node DAG (root, fan-out to 8, fan-in), 16 SubmitRun calls in flight."""
+    from cyclone_worker import Client, Workflow
+    wf = Workflow("bench_dag").task("root", kind=KIND)
+    for i in range(DAG_NODES - 2):
+        wf.task(f"mid{i}", kind=KIND, deps=["root"])
+    wf.task("join", kind=KIND, deps=[f"mid{i}" for i in range(DAG_NODES - 2)])
+    async with Client(address) as client:
+        await client.register(wf)
+        sem = asyncio.Semaphore(16)
+
+        async def call(i: int) -> None:
+            async with sem:
+                await client.submit("bench_dag", {"i": i})
+        await asyncio.gather(*(call(i) for i in range(steps // DAG_NODES)))
+
+
 def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
                   load: Callable[[str, str], None], server_args: Sequence[str] = ()) -> Stage:
     """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
@@ -113,13 +133,19 @@ def check_cyclone(url: str, jobs: int, name: str) -> None:
 
 
 def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
-                  during: Callable[[Stage], None] | None = None, server_processes: int = 1) -> Drain:
+                  during: Callable[[Stage], None] | None = None, server_processes: int = 1,
+                  dag: bool = False) -> Drain:
+    """`jobs` committed jobs drained; with `dag`, as many steps in runs of a 10-node DAG (the
+    roots claimable at the start, the rest promoted as their parents complete)."""
+    if dag:
+        jobs -= jobs % DAG_NODES
     stage = cyclone_stage(pg, db, workdir, workers, 64,
-                          lambda url, address: asyncio.run(enqueue_cyclone(address, jobs)),
+                          lambda url, address: asyncio.run(submit_dags(address, jobs) if dag
+                                                           else enqueue_cyclone(address, jobs)),
                           server_args=("--processes", str(server_processes)) if server_processes > 1 else ())
     query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
              "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
-    d = stage.run(f"cyc{workers}", jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,
+    d = stage.run(f"{'dag' if dag else 'cyc'}{workers}", jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,
                   during=(lambda: during(stage)) if during else None)
     check_cyclone(stage.url, jobs, d.name)
     return d

@@ -1,6 +1,6 @@
 """Drain against the peers: the same backlog drained by raw SQL, PgQueuer and Cyclone, one Postgres.
 
-    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2]
+    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2,dag2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
     .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
@@ -20,7 +20,11 @@ their last commit).
   batch size 10, drain mode, no-op entrypoint;
 - cyc2p2: as cyc2, with `cyclone-server --processes 2` (two server processes on one port);
 - cyc2 / cyc1: one `cyclone-server` and 2 (1) SDK worker processes x 64 slots; the jobs are
-  enqueued with EnqueueMany before the workers start.
+  enqueued with EnqueueMany before the workers start;
+- dag2: as cyc2, but the --jobs steps are those of --jobs / 10 runs of a 10-node DAG (a root,
+  8 nodes that depend on it, one that depends on the 8), submitted with SubmitRun before the
+  workers start: the roots are claimable at the go, every other step once its parents
+  completed. Its rate is in steps/s, for the ratio dag2/cyc2 (a DAG's step against a job).
 
 Each figure is the median of --rounds rounds (contestants interleaved within a round, so a
 change in the machine's load hits all of them). Per job it reports Postgres statements
@@ -82,6 +86,7 @@ CONTESTANTS = {
     "cyc2": "Cyclone, 2 SDK worker processes x 64 slots",
     "cyc1": "Cyclone, 1 SDK worker process x 64 slots",
     "cyc2p2": "Cyclone, 2 SDK worker processes x 64 slots, cyclone-server --processes 2",
+    "dag2": "Cyclone, 2 SDK worker processes x 64 slots, steps of 10-node DAG runs",
 }
 
 
@@ -106,11 +111,11 @@ def report_peers(results: dict[str, list[Drain]], args) -> None:
                      f"{m.per_job(m.counters['inserted'] + m.counters['updated'] + m.counters['deleted']):.1f}",
                      fmt_int(m.per_job(sum(s['wal'] for s in top))),
                      fmt_int(m.per_job(m.pg_cpu) * 1e6),
-                     fmt_int(m.per_job(m.server_cpu) * 1e6) if key.startswith("cyc") else "-",
+                     fmt_int(m.per_job(m.server_cpu) * 1e6) if key.startswith(("cyc", "dag")) else "-",
                      fmt_int(m.per_job(m.client_cpu) * 1e6)])
     print_rows(header, rows)
     ratios = []
-    for cyc in ("cyc2", "cyc1", "cyc2p2"):
+    for cyc in ("cyc2", "cyc1", "cyc2p2", "dag2"):
         for peer in ("pgq", "raw10", "raw1", "cyc2"):
             if cyc in med and peer in med and cyc != peer:
                 ratios.append(f"{cyc}/{peer} = {med[cyc] / med[peer]:.2f}")
@@ -179,7 +184,7 @@ def main() -> None:
                     else:
                         workers, _, processes = key[3:].partition("p")
                         d = drain_cyclone(pg, db, args.jobs, int(workers), args.timeout, workdir,
-                                          server_processes=int(processes or 1))
+                                          server_processes=int(processes or 1), dag=key.startswith("dag"))
                     results[key].append(d)
                     note(f"round {r + 1}: {key}: {d.rate:,.0f} jobs/s ({d.seconds:.2f} s)")
                     with psycopg.connect(pg.url(), autocommit=True) as c:
