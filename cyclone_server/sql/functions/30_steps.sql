@@ -577,20 +577,26 @@ CREATE OR REPLACE FUNCTION cyclone_leases_renew(p_owner text, p_step_ids uuid[],
                                                 p_lease_ttl interval)
 RETURNS TABLE (step_id uuid, lease_generation bigint)
 LANGUAGE sql AS $$
-    WITH held AS (
+    -- Each step by primary key, whatever the plan was made on (see cyclone_results_apply's
+    -- "Plans"): joined, the held leases were hashed from a scan of the whole table.
+    WITH held AS MATERIALIZED (
         SELECT h.id, h.gen FROM unnest(p_step_ids, p_generations) AS h (id, gen)
-    ), renewable AS (
-        SELECT s.id FROM cyclone_steps s JOIN held h ON h.id = s.id
-         WHERE s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen AND s.lease_owner = p_owner
-           FOR NO KEY UPDATE OF s SKIP LOCKED
+    ), renewable AS MATERIALIZED (
+        SELECT s.id
+          FROM held h
+         CROSS JOIN LATERAL (SELECT s.id FROM cyclone_steps s
+                              WHERE s.id = h.id AND s.state = (SELECT 'running'::text)
+                                AND s.lease_generation = h.gen AND s.lease_owner = p_owner
+                                FOR NO KEY UPDATE OF s SKIP LOCKED) s
     ), renewed AS (
         UPDATE cyclone_steps s SET lease_expiry = now() + p_lease_ttl
-          FROM renewable WHERE s.id = renewable.id
+         WHERE s.id = ANY (ARRAY(SELECT renewable.id FROM renewable))
         RETURNING s.id
     )
     SELECT h.id, h.gen FROM held h
      WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                        WHERE s.id = h.id AND s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen)
+                        WHERE s.id = h.id AND s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen
+                       OFFSET 0)
 $$;
 
 -- running -> available (same attempt, no backoff, reclaims + 1; to paused in a paused run),
