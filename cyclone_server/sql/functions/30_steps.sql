@@ -345,10 +345,12 @@ END $$;
 -- then, a join from the batch to the steps or the runs was hashed from a scan of the whole
 -- table, or the runs were found through cyclone_runs_state_created: once the tables had
 -- grown, every batch read every running run (15,000 buffers for 46 results). So every row
--- is reached by primary key whatever the statistics: looked up one by one (LATERAL ...
--- OFFSET 0, the run's state and the step's state compared outside), and updated by primary
--- key (= ANY of the ids found). The runs are locked by this batch before, so the state
--- read in a statement holds when the same statement updates them.
+-- is found by primary key whatever the statistics: looked up one by one (LATERAL ...
+-- OFFSET 0, with the run's and the step's states compared outside, so that no index on a
+-- state qualifies), then updated from the rows found (the batch's few, by primary key) or
+-- by primary key = ANY of their ids. The runs are locked by this batch first, so a state
+-- read in a statement still holds when that statement updates the run.
+-- test_result_batches_planned_on_small_tables_reach_their_rows_by_index checks the plans.
 DROP FUNCTION IF EXISTS cyclone_results_apply(jsonb, integer);
 CREATE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
 RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid)
@@ -404,15 +406,14 @@ BEGIN
         UPDATE cyclone_steps s
            SET state = 'completed', output = t.output, finished_at = now()
           FROM t
-         WHERE s.id = ANY (ARRAY(SELECT t.sid FROM t)) AND s.id = t.sid
-           AND s.state = (SELECT 'running'::text) AND s.lease_generation = t.gen
+         WHERE s.id = t.sid AND s.state = (SELECT 'running'::text) AND s.lease_generation = t.gen
         RETURNING s.run_id, s.node, s.output, t.i
     ), ended AS (
         UPDATE cyclone_runs r
            SET state = 'completed', finished_at = now(), updated_at = now(),
                paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
           FROM done d
-         WHERE r.id = ANY (ARRAY(SELECT d.run_id FROM done d)) AND r.id = d.run_id
+         WHERE r.id = d.run_id
         RETURNING r.id
     )
     SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
@@ -452,9 +453,8 @@ BEGIN
     ), done AS (
         UPDATE cyclone_steps s
            SET state = 'completed', output = COALESCE(j.v -> 'output', 'null'::jsonb), finished_at = now()
-          FROM j
-         WHERE s.id = ANY (ARRAY(SELECT j.sid FROM j JOIN whole ON whole.run_id = j.run_id))
-           AND s.id = j.sid AND s.run_id = j.run_id
+          FROM j, whole
+         WHERE s.id = j.sid AND j.run_id = whole.run_id AND s.run_id = j.run_id
            AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
         RETURNING s.id, s.run_id, j.i
     )
