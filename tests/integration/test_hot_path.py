@@ -281,7 +281,8 @@ async def test_result_batches_planned_on_small_tables_reach_their_rows_by_index(
 
 async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_index(db_url: str) -> None:
     """One server session makes the plans of its hot statements while the tables are small
-    (enqueue, submit, claim, renew, release, results) and keeps them. Once the tables hold
+    (enqueue, submit, claim, renew, release, results, the next due time, the scanners) and
+    keeps them. Once the tables hold
     30,000 more runs and steps, available and running, those plans still read only the rows
     of the call, by index."""
     one = await Engine.open(db_url, min_size=1, max_size=1)  # one session: every call shares its plans
@@ -302,6 +303,8 @@ async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_inde
             assert [s for _, _, s in await one.apply_results(
                 [Result(lease.step_id, lease.lease_generation, "completed", output=2) for lease in rest])] == [
                 "applied"] * len(rest)
+            await one.next_due(["job", "a", "b"])
+            assert set((await one.sweep()).values()) <= {0}  # the scanners, every second on a server
 
         for _ in range(8):  # past plancache's five custom plans
             await work()
