@@ -39,9 +39,14 @@ Claim = Callable[[list[PreparedJob]], Awaitable["list[tuple[str, str, bool]] | N
 
 
 class EnqueueBatcher:
-    """Engine.enqueue_job for many concurrent callers, `parallel` transactions at a time."""
+    """Engine.enqueue_job for many concurrent callers, `parallel` transactions at a time.
 
-    def __init__(self, engine: Engine, *, parallel: int = 2, max_batch: int = ENQUEUE_MANY_MAX,
+    Calls that arrive while a batch is written go together in the next one; a call that
+    comes alone is written at once. One transaction at a time is the default, as for the
+    results (ResultCommitter): batches twice as big cost less per job than overlapping
+    two commits did on a loaded machine."""
+
+    def __init__(self, engine: Engine, *, parallel: int = 1, max_batch: int = ENQUEUE_MANY_MAX,
                  max_batch_bytes: int = BATCH_INPUT_BYTES, claim: Claim | None = None) -> None:
         self.engine = engine
         self.claim = claim  # the server's Dispatcher.enqueue

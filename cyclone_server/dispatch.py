@@ -430,13 +430,16 @@ class Dispatcher:
 class ResultCommitter:
     """Group commit: results from all streams, applied with one Engine.apply_results per batch.
 
-    Up to `parallel` batches are applied at once, each in its own transaction, so that one
-    batch's commit (its fsync) and another's work in Postgres overlap. While every slot is
-    busy, new results queue up and go together in the next batch.
+    Up to `parallel` batches are applied at once, each in its own transaction. While every
+    slot is busy, new results queue up and go together in the next batch, so a result that
+    comes alone is applied at once and the batches grow with the load. One at a time is the
+    default: with two, a batch's commit overlapped the next one's work, but the batches
+    were half as big, and on a loaded machine the statements and stream messages per
+    result cost more than the overlap saved (docs/benchmarks.md, sixth pass).
     """
 
     def __init__(self, engine: Engine, *, stats: dict[str, Any], on_applied: Callable[[], None],
-                 window: float = 0.0, max_batch: int = 200, parallel: int = 2) -> None:
+                 window: float = 0.0, max_batch: int = 200, parallel: int = 1) -> None:
         self.engine = engine
         self.stats = stats
         self.on_applied = on_applied

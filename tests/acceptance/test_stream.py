@@ -604,11 +604,14 @@ async def test_claims_at_once_for_one_free_slot_fill_it_once(channel, workers, d
             await lock.execute("LOCK TABLE cyclone_step_deps IN ACCESS EXCLUSIVE MODE")
             first = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
             await until(waiting_claims)  # this Enqueue's claim, or a dispatcher pass's
-            second = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
-            # The second call (not alone) writes its job without a claim, and returns; with
-            # the slot held, the dispatcher does not claim for the worker either.
+            # The second job comes through EnqueueMany, which writes on its own (Enqueue's
+            # batches are written one at a time, so a second Enqueue would wait for the
+            # first) and announces it; with the slot held, the dispatcher's pass that this
+            # wakes does not claim for the worker.
+            second = asyncio.ensure_future(runs.EnqueueMany(runs_pb2.EnqueueManyRequest(
+                jobs=[runs_pb2.EnqueueRequest(kind="resize")])))
             await until(lambda: _either(second, waiting_claims))
-        a, b = await first, await second
+        a, (b,) = await first, (await second).jobs
         (lease,) = await w.leases(1)
         running = await (await watch.execute(
             "SELECT r.id::text FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id "
