@@ -79,6 +79,19 @@ def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def wide_nodes(plans: Iterable[tuple[str, dict[str, Any]]], rows: int) -> dict[str, list[tuple[Any, ...]]]:
+    """The nodes of analyzed plans that read more than `rows` rows in all their loops, as
+    (node type, index or relation, rows) by the first words of their statement."""
+    wide: dict[str, list[tuple[Any, ...]]] = {}
+    for text, plan in plans:
+        for n in plan_nodes(plan):
+            read = n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
+            if read > rows:
+                wide.setdefault(" ".join(text.split())[:90], []).append(
+                    (n["Node Type"], n.get("Index Name") or n.get("Relation Name"), read))
+    return wide
+
+
 async def run_row(conn: psycopg.AsyncConnection, run_id: str) -> Row:
     return await fetch_one(conn, "SELECT * FROM cyclone_runs WHERE id = %s", run_id)
 

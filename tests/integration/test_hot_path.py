@@ -15,7 +15,7 @@ import json
 import psycopg
 import pytest
 from engine_helpers import (Row, claim_one, fetch, fetch_one, nested_plans, plan_nodes, run_row, start, states,
-                            step, task)
+                            step, task, wide_nodes)
 
 from cyclone_server.engine import Engine, Job, Result
 from cyclone_server.queries import Q
@@ -269,13 +269,7 @@ async def test_result_batches_planned_on_small_tables_reach_their_rows_by_index(
     assert (await run_row(conn, run_id))["state"] == "completed"
     # A scan of either table reads 30,000 rows. By index, a node reads the rows of the batch
     # (a bitmap index scan counts the entries of their dead versions too): a few dozen at most.
-    wide = {}
-    for text, plan in plans:
-        for n in plan_nodes(plan):
-            rows = n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
-            if rows > 50:
-                wide.setdefault(" ".join(text.split())[:90], []).append(
-                    (n["Node Type"], n.get("Index Name") or n.get("Relation Name"), rows))
+    wide = wide_nodes(plans, 50)
     assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
 
 
@@ -329,13 +323,7 @@ async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_inde
         await one.close()
     # A scan of either table reads 15,000 to 30,000 rows; by index, a node reads the rows of
     # the call (a bitmap index scan counts the entries of their dead versions too).
-    wide = {}
-    for notice in notices:
-        doc = json.loads(notice[notice.index("{"):])
-        for n in plan_nodes(doc["Plan"]):
-            rows = n.get("Actual Rows", 0) * n.get("Actual Loops", 1)
-            if rows > 50:
-                wide.setdefault(" ".join(doc["Query Text"].split())[:90], []).append(
-                    (n["Node Type"], n.get("Index Name") or n.get("Relation Name"), rows))
-    assert len(notices) > 20
+    plans = [(doc["Query Text"], doc["Plan"]) for doc in (json.loads(n[n.index("{"):]) for n in notices)]
+    assert len(plans) > 20
+    wide = wide_nodes(plans, 50)
     assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
