@@ -145,7 +145,8 @@ def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeou
                           server_args=("--processes", str(server_processes)) if server_processes > 1 else ())
     query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
              "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
-    d = stage.run(f"{'dag' if dag else 'cyc'}{workers}", jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,
+    name = f"{'dag' if dag else 'cyc'}{workers}"
+    d = stage.run(name, jobs, lambda dl: poll_until(stage.url, query, lambda v: not v, dl), timeout,
                   during=(lambda: during(stage)) if during else None)
     check_cyclone(stage.url, jobs, d.name)
     return d
