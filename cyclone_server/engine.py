@@ -42,8 +42,9 @@ MAX_ERROR_DETAILS_BYTES = 16 * 1024
 ENQUEUE_MANY_MAX = 1000  # jobs per EnqueueMany call
 ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
 # The statements after which steps may have become claimable (when they returned rows).
+# results_apply says so per result (Engine.apply_results).
 MAY_MAKE_AVAILABLE = frozenset({
-    "run_submit", "job_enqueue", "jobs_enqueue", "results_apply", "step_complete", "step_fail", "step_snooze",
+    "run_submit", "job_enqueue", "jobs_enqueue", "step_complete", "step_fail", "step_snooze",
     "leases_sweep", "leases_release", "attempts_timeout", "timers_fire", "waits_expire", "children_start",
     "children_settle", "child_runs_settle", "run_resume", "run_retry", "run_signal"})
 log = logging.getLogger("cyclone.engine")
@@ -484,6 +485,8 @@ class Engine:
             while pending:  # each call applies at least the results of the first run it locks
                 batch = "[" + ",".join(results[i].batch_item(ids[i], self.max_payload_bytes) for i in pending) + "]"
                 rows = await self._all("results_apply", results=batch, max_output_bytes=self.max_payload_bytes)
+                if any(row["available"] for row in rows):  # not after a batch of jobs' completions
+                    self.announce()
                 busy = []
                 for row in rows:
                     i = pending[row["idx"] - 1]

@@ -41,7 +41,7 @@ SELECT * FROM cyclone_jobs_enqueue_claim(%(jobs)s, %(owner)s, %(kinds)s, %(limit
 
 -- name: results_apply
 -- %(results)s is the batch as JSON text (Engine.apply_results writes it).
-SELECT idx, status, ended_child_run
+SELECT idx, status, ended_child_run, available
   FROM cyclone_results_apply(%(results)s::jsonb, %(max_output_bytes)s);
 
 -- name: child_runs_settle

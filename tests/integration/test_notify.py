@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
+from engine_helpers import claim_one, task
 
-from cyclone_server.engine import Engine
+from cyclone_server.engine import Engine, Result
 from cyclone_server.notify import Notifier
 
 
@@ -124,6 +125,41 @@ async def test_run_end_watch_wakes_each_waiter_with_one_query_per_check(notifier
     assert await engine.purge(0) == 50
     assert await asyncio.wait_for(watch.ended(run_ids[1], timeout=60), 30) is True
     assert await watch.ended(run_ids[59], timeout=0.2) is False
-    for task in waiters.values():
-        task.cancel()
+    for waiter in waiters.values():
+        waiter.cancel()
     await watch.close()
+
+
+async def test_result_batches_announce_new_work_only_when_they_may_have_made_some(engine: Engine) -> None:
+    """A batch of jobs' completions makes nothing claimable: no announcement (in a drain,
+    that was a NOTIFY transaction every 5 ms for the other servers, for nothing). A
+    completion that promotes a DAG's next node, and a failure that schedules a retry, do
+    announce."""
+    announced: list[None] = []
+    engine.available_listeners.append(lambda: announced.append(None))
+
+    async def apply(lease, outcome: str = "completed", **kw) -> str:
+        announced.clear()
+        ((_, _, status),) = await engine.apply_results([Result(str(lease["step_id"]), lease["lease_generation"],
+                                                               outcome, **kw)])
+        return status
+
+    for _ in range(3):
+        await engine.enqueue("job")
+    jobs = await engine.claim("w1", ["job"], limit=10, lease_ttl=30)
+    announced.clear()
+    statuses = await engine.apply_results([Result(str(j["step_id"]), j["lease_generation"], "completed", output=1)
+                                           for j in jobs])
+    assert [s for _, _, s in statuses] == ["applied"] * 3
+    assert announced == []
+
+    await engine.register_workflow("pair", [task("a"), task("b", "a")])
+    await engine.submit_run("pair")
+    assert await apply(await claim_one(engine, "a"), output=1) == "applied"
+    assert len(announced) == 1  # b became claimable
+    assert await apply(await claim_one(engine, "b"), output=2) == "applied"
+    assert announced == []  # the run ended: nothing new
+
+    await engine.enqueue("flaky")
+    assert await apply(await claim_one(engine, "flaky"), "failed", message="boom", retry_delay=0) == "retried"
+    assert len(announced) == 1

@@ -339,6 +339,10 @@ END $$;
 --
 -- `ended_child_run`: set when this result ended a child run, whose parent node the caller
 -- settles in a new transaction once this one committed (cyclone_child_runs_settle).
+-- `available`: true when applying the result may have made a step claimable, now or at a
+-- later time (a promotion, a retry, a snooze), for the caller to announce new work; false
+-- for a job's completion and a refusal. A server announces new work itself (its sessions
+-- skip cyclone__notify_available), so a drain of jobs announces nothing.
 --
 -- Plans: the session keeps one plan per statement, often made while the tables were small
 -- (a new database, a queue that fills in the minute before autovacuum analyzes it). Made
@@ -353,7 +357,8 @@ END $$;
 -- test_result_batches_planned_on_small_tables_reach_their_rows_by_index checks the plans.
 DROP FUNCTION IF EXISTS cyclone_results_apply(jsonb, integer);
 CREATE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes integer DEFAULT 1048576)
-RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid)
+RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid,
+               available boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off  -- as cyclone_steps_claim; it holds for the functions it calls
 AS $$
@@ -371,6 +376,7 @@ DECLARE
     tasks uuid[];
     waits uuid[];
     wait_runs uuid[];
+    promoted boolean := false;
     n integer;
 BEGIN
     SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
@@ -422,7 +428,7 @@ BEGIN
         -- The jobs completed here, in one go; the loop at the end answers the rest.
         RETURN QUERY
             SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
-                   NULL::uuid
+                   NULL::uuid, false
               FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
              WHERE e.ord::integer = ANY (fast);
         IF cardinality(fast) = jsonb_array_length(p_results) THEN
@@ -482,6 +488,7 @@ BEGIN
                                 CROSS JOIN LATERAL (SELECT p.state FROM cyclone_steps p
                                                      WHERE p.id = d.dep_id OFFSET 0) p
                                 WHERE d.step_id = s.id AND p.state <> 'completed');
+            promoted := tasks IS NOT NULL OR waits IS NOT NULL;
             IF tasks IS NOT NULL THEN
                 -- What cyclone__step_enter does to a task node.
                 UPDATE cyclone_steps
@@ -536,8 +543,10 @@ BEGIN
         step_id := x.sid;
         lease_generation := x.gen;
         ended_child_run := NULL;
+        available := false;
         IF x.i = ANY (COALESCE(dag, '{}')) THEN
             status := 'applied';
+            available := promoted;
             IF x.run_id = ANY (COALESCE(dag_children, '{}')) AND x.run_id IS DISTINCT FROM reported THEN
                 ended_child_run := x.run_id;  -- once per run
                 reported := x.run_id;
@@ -547,6 +556,7 @@ BEGIN
         ELSIF NOT x.run_id = ANY (locked) THEN
             status := 'busy';
         ELSE
+            available := true;  -- a retry, a snooze, or a completion that promoted: maybe
             status := CASE x.e ->> 'outcome'
                 WHEN 'completed' THEN
                     cyclone__step_complete(x.run_id, x.sid, x.gen, x.e -> 'output', p_max_output_bytes,
