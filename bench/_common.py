@@ -1,4 +1,5 @@
-"""What the bench scripts share: progress notes on stderr and starting a `cyclone-server` subprocess."""
+"""What the bench scripts share: progress notes on stderr, starting a `cyclone-server` subprocess, and
+the 10-node DAG they submit."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+DAG_NODES = 10  # bench_dag's: a root, 8 nodes that depend on it, a join
 
 
 def note(msg: str) -> None:
@@ -26,3 +30,13 @@ def start_server(url: str, workdir: Path, *extra: str) -> tuple[subprocess.Popen
             raise SystemExit("cyclone-server did not start")
         time.sleep(0.05)
     return proc, json.loads(ready.read_text())["address"]
+
+
+def bench_dag(kind: str) -> Any:
+    """The workflow `bench_dag` (a cyclone_worker.Workflow): a root, 8 nodes that depend on
+    it (fan-out), and a join that depends on the 8 (fan-in), every node of `kind`."""
+    from cyclone_worker import Workflow
+    wf = Workflow("bench_dag").task("root", kind=kind)
+    for i in range(DAG_NODES - 2):
+        wf.task(f"mid{i}", kind=kind, deps=["root"])
+    return wf.task("join", kind=kind, deps=[f"mid{i}" for i in range(DAG_NODES - 2)])

@@ -15,7 +15,7 @@ import psycopg
 from cyclone_server.embedded import EmbeddedPostgres
 from cyclone_server.migrate import migrate
 
-from _common import start_server
+from _common import DAG_NODES, bench_dag, start_server
 from _drain import (KIND, RAW_SCHEMA, Drain, Stage, cyclone_worker_main, pgq_consumer_main, poll_until,
                     raw_consumer_main)
 from _pg import MARK, create_db, settle
@@ -86,18 +86,11 @@ async def enqueue_cyclone(address: str, jobs: int) -> None:
         await asyncio.gather(*(call(s) for s in range(0, jobs, 1000)))
 
 
-DAG_NODES = 10  # a root, 8 in the middle, a join
-
-
 async def submit_dags(address: str, steps: int) -> None:
-    """steps / 10 runs of a 10-node DAG (root, fan-out to 8, fan-in), 16 SubmitRun calls in flight."""
-    from cyclone_worker import Client, Workflow
-    wf = Workflow("bench_dag").task("root", kind=KIND)
-    for i in range(DAG_NODES - 2):
-        wf.task(f"mid{i}", kind=KIND, deps=["root"])
-    wf.task("join", kind=KIND, deps=[f"mid{i}" for i in range(DAG_NODES - 2)])
+    """steps / 10 runs of bench_dag (root, fan-out to 8, fan-in), 16 SubmitRun calls in flight."""
+    from cyclone_worker import Client
     async with Client(address) as client:
-        await client.register(wf)
+        await client.register(bench_dag(KIND))
         sem = asyncio.Semaphore(16)
 
         async def call(i: int) -> None:

@@ -37,16 +37,13 @@ import psycopg
 
 from cyclone_server.embedded import start_embedded
 from cyclone_server.migrate import migrate
-from cyclone_worker import Client, Context, Job, Worker, Workflow
+from cyclone_worker import Client, Context, Job, Worker
 
-from _common import note, start_server  # bench/ is sys.path[0] when run as a script
+from _common import DAG_NODES, bench_dag, note, start_server  # bench/ is sys.path[0] when run as a script
 from _grpc_floor import grpc_floor
 
 KIND = "noop"
-DAG = Workflow("bench_dag").task("root", kind=KIND)
-for _i in range(8):
-    DAG.task(f"mid{_i}", kind=KIND, deps=["root"])
-DAG.task("join", kind=KIND, deps=[f"mid{_i}" for _i in range(8)])
+DAG = bench_dag(KIND)
 
 
 def worker_main(address: str, slots: int) -> None:
@@ -114,7 +111,7 @@ async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int
         note(f"submitting {runs} DAG runs")
         t0 = time.monotonic()
         await submit_concurrently([client.submit("bench_dag", {"i": i}) for i in range(runs)])
-        steps = runs * 10  # root, 8 in the middle, join
+        steps = runs * DAG_NODES
         done += steps
         out["dag_steps_per_s"] = steps / (await wait_all_done(url, done) - t0)
 
