@@ -43,31 +43,37 @@ async def fetch_one(conn: psycopg.AsyncConnection, sql: str, *params: Any) -> Ro
     return rows[0]
 
 
-async def nested_plans(conn: psycopg.AsyncConnection, sql: str, *params: Any,
-                       analyze: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """(query text, plan) of every statement `sql` runs inside functions, as auto_explain
-    logs them: the plans those functions actually use (their cached plans included), with
-    actual row counts when `analyze`."""
-    notices: list[str] = []
+async def log_plans(conn: psycopg.AsyncConnection, *, analyze: bool = False) -> tuple[
+        list[tuple[str, dict[str, Any]]], Callable[[psycopg.errors.Diagnostic], None]]:
+    """Turn on auto_explain for every statement this session runs from now on, nested ones
+    inside functions included: the list fills with their (query text, plan), the plans
+    those functions actually use (their cached plans included), with actual row counts when
+    `analyze`. Also returns the notice handler, for the caller to remove."""
+    plans: list[tuple[str, dict[str, Any]]] = []
 
     def keep(diag: psycopg.errors.Diagnostic) -> None:
-        notices.append(diag.message_primary or "")
+        text = diag.message_primary or ""  # "duration: 0.123 ms  plan:\n{...}"
+        doc = json.loads(text[text.index("{"):])
+        plans.append((doc["Query Text"], doc["Plan"]))
 
     settings = {"log_min_duration": "0", "log_nested_statements": "on", "log_format": "json",
                 "log_level": "notice", "log_analyze": "on" if analyze else "off", "log_timing": "off"}
     await conn.execute("LOAD 'auto_explain'")
     conn.add_notice_handler(keep)
+    for name, value in settings.items():
+        await conn.execute(f"SET auto_explain.{name} = {value}")
+    return plans, keep
+
+
+async def nested_plans(conn: psycopg.AsyncConnection, sql: str, *params: Any,
+                       analyze: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    """(query text, plan) of every statement `sql` runs inside functions (log_plans)."""
+    plans, keep = await log_plans(conn, analyze=analyze)
     try:
-        for name, value in settings.items():
-            await conn.execute(f"SET auto_explain.{name} = {value}")
         await fetch(conn, sql, *params)
     finally:
         await conn.execute("RESET auto_explain.log_min_duration")
         conn.remove_notice_handler(keep)
-    plans = []
-    for text in notices:  # "duration: 0.123 ms  plan:\n{...}"
-        doc = json.loads(text[text.index("{"):])
-        plans.append((doc["Query Text"], doc["Plan"]))
     return plans
 
 

@@ -14,8 +14,8 @@ import json
 
 import psycopg
 import pytest
-from engine_helpers import (Row, claim_one, fetch, fetch_one, nested_plans, plan_nodes, run_row, start, states,
-                            step, task, wide_nodes)
+from engine_helpers import (Row, claim_one, fetch, fetch_one, log_plans, nested_plans, plan_nodes, run_row, start,
+                            states, step, task, wide_nodes)
 
 from cyclone_server.engine import Engine, Job, Result
 from cyclone_server.queries import Q
@@ -312,18 +312,12 @@ async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_inde
                 SELECT cyclone_uuid7(), r.id, 'n', 'elsewhere', 'task',
                        CASE WHEN random() < 0.5 THEN 'available' ELSE 'running' END, 'w2', now() + interval '1 h',
                        1, 25, 5, '600s', '1s', '600s' FROM r""")
-            notices: list[str] = []
-            c.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-            await c.execute("LOAD 'auto_explain'")
-            for name, value in {"log_min_duration": "0", "log_nested_statements": "on", "log_format": "json",
-                                "log_level": "notice", "log_analyze": "on", "log_timing": "off"}.items():
-                await c.execute(f"SET auto_explain.{name} = {value}")
+            plans, _ = await log_plans(c, analyze=True)
         await work()  # on the same session, its plans logged
     finally:
         await one.close()
     # A scan of either table reads 15,000 to 30,000 rows; by index, a node reads the rows of
     # the call (a bitmap index scan counts the entries of their dead versions too).
-    plans = [(doc["Query Text"], doc["Plan"]) for doc in (json.loads(n[n.index("{"):]) for n in notices)]
     assert len(plans) > 20
     wide = wide_nodes(plans, 50)
     assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
