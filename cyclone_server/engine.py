@@ -246,6 +246,10 @@ class Engine:
         # transactions (see cyclone__notify_available); this engine sends one NOTIFY per
         # ANNOUNCE_WINDOW instead, on the side, for the other servers.
         self.announces = announces
+        # The payload of this engine's own announcements. The server's Notifier leaves them
+        # out (Notifier.ignore): announce() has woken this process's listeners already, and
+        # each echo would cost its dispatcher a pass that finds nothing new.
+        self.announce_token = uuid.uuid4().hex if announces else ""
         # Called when a schedule was made, changed or resumed (the server's scheduler wake-up).
         self.schedule_listeners: list[Callable[[], None]] = []
         self._announcing: asyncio.Task[None] | None = None
@@ -279,7 +283,7 @@ class Engine:
             self._announcing = None
         try:
             async with self.pool.connection() as conn:
-                await conn.execute("SELECT pg_notify('cyclone_available', '')")
+                await conn.execute("SELECT pg_notify('cyclone_available', %s)", (self.announce_token,))
         except Exception as e:  # the other servers' dispatch timers still find the work
             log.warning("announcing new work failed: %s", e)
 

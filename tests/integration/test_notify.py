@@ -105,6 +105,48 @@ async def test_a_server_engine_announces_new_work_on_the_side_coalesced(
         await server_engine.close()
 
 
+async def test_a_server_hears_the_other_servers_announcements_but_not_its_own(
+        notifier: Notifier, db_url: str, conn: psycopg.AsyncConnection) -> None:
+    """Engine.announce wakes the server's own dispatcher at once; the echo of its NOTIFY
+    would only cost that dispatcher a pass finding nothing new. Another server's
+    announcements, and the SQL functions' (an empty payload), still arrive."""
+    ours = await Engine.open(db_url, announces=True)
+    theirs = await Engine.open(db_url, announces=True)
+    mine = Notifier(db_url)
+    mine.ignore("cyclone_available", ours.announce_token)
+    await mine.start()
+    heard: list[None] = []
+    mine.subscribe("cyclone_available", lambda: heard.append(None))
+    marker: list[None] = []
+    mine.subscribe("cyclone_run_ended", lambda: marker.append(None))
+    elsewhere: list[None] = []
+    notifier.subscribe("cyclone_available", lambda: elsewhere.append(None))
+    try:
+        assert ours.announce_token and ours.announce_token != theirs.announce_token
+        await ours.enqueue("thumbnail", input={"n": 1})
+        await until(lambda: elsewhere)  # our announcement went out...
+        # ... and a notification committed after it reaches our listener, which did not
+        # hear ours (one connection gets its notifications in commit order).
+        await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
+        await until(lambda: marker)
+        assert heard == []
+        await conn.execute("SELECT pg_notify('cyclone_available', '')")  # a SQL function's
+        await until(lambda: heard)
+        await theirs.enqueue("thumbnail", input={"n": 2})
+        await until(lambda: len(heard) == 2)  # another server's announcement
+    finally:
+        await mine.stop()
+        await ours.close()
+        await theirs.close()
+
+
+async def test_only_a_token_can_be_ignored(notifier: Notifier) -> None:
+    with pytest.raises(ValueError, match="payload"):
+        notifier.ignore("cyclone_available", "")
+    with pytest.raises(ValueError, match="channel"):
+        notifier.ignore("nope", "abc")
+
+
 async def test_run_end_watch_wakes_each_waiter_with_one_query_per_check(notifier: Notifier, engine: Engine) -> None:
     from cyclone_server.run_waits import RunEndWatch
 
