@@ -38,6 +38,11 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
+# After a zero-delay snooze, a worker gets no lease until its next message, or this many
+# seconds. A stopping worker hands back the leases it did not start as zero-delay snoozes
+# and half-closes right after; on a loaded machine, the snooze could be acked before the
+# half-close was read, and a lease pushed in between would never run (WorkerConn.hush).
+HANDBACK_QUIET = 0.1
 
 # The SQL statuses of a result, and the ack each becomes (the SQL's finer 'applied' kinds
 # travel in the ack's detail).
@@ -95,6 +100,8 @@ class WorkerConn:
     handing_back: int = 0  # leases in `held` whose snooze arrived and is not acked yet
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
+    quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
+    _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def running(self) -> int:
@@ -110,9 +117,36 @@ class WorkerConn:
         worker while one of its snoozes waits for its ack (a lease pushed in between
         would go to a worker that will not run it, and wait for its expiry). Slots held by
         a claim in progress are not free: two claims for one worker never both fill them."""
-        if self.closed or self.draining or self.handing_back:
+        if self.closed or self.draining or self.handing_back or self.quiet:
             return 0
         return max(0, self.slots - self.running - self.reserved)
+
+    @property
+    def quiet(self) -> bool:
+        """A zero-delay snooze came last, less than HANDBACK_QUIET ago (hush)."""
+        return self.quiet_until > 0.0 and time.monotonic() < self.quiet_until
+
+    def hush(self, seconds: float) -> None:
+        """A zero-delay snooze arrived: the worker may be stopping, and half-closing right
+        after it. Nothing is pushed to it until its next message (heard) shows it is not, or
+        EOF that it is, or `seconds` pass; the caller wakes the dispatcher then."""
+        self.quiet_until = time.monotonic() + seconds
+        self._quiet_over.clear()
+
+    def heard(self) -> None:
+        """A message (or EOF) came from the worker after its last snooze: the quiet is over."""
+        if self.quiet_until:
+            self.quiet_until = 0.0
+            self._quiet_over.set()
+
+    async def quiet_over(self) -> None:
+        """Return once the quiet after a zero-delay snooze is over (at once when there is none)."""
+        while self.quiet:
+            try:
+                async with asyncio.timeout(max(self.quiet_until - time.monotonic(), 0.0)):
+                    await self._quiet_over.wait()
+            except TimeoutError:
+                pass
 
     def answer(self, key: LeaseKey, *, snooze: bool = False) -> HeldLease | None:
         """A result for the lease `key` arrived: the lease stays held, and renewed, until
@@ -373,6 +407,8 @@ class Dispatcher:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message."""
         if not rows:
             return
+        if conn.quiet:  # a zero-delay snooze came while the claim ran: is the worker stopping?
+            await conn.quiet_over()
         if conn.closed or conn.draining:
             # The worker half-closed or went away while the claim ran: it will never
             # answer these leases, so they are reclaimed now rather than at their expiry.

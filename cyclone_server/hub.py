@@ -19,7 +19,7 @@ from cyclone_proto import workers_pb2_grpc
 
 from . import definitions, tracing
 from .convert import to_duration
-from .dispatch import Dispatcher, End, HeldLease, LeaseKey, ResultCommitter, WorkerConn, ack, to_result
+from .dispatch import HANDBACK_QUIET, Dispatcher, End, HeldLease, LeaseKey, ResultCommitter, WorkerConn, ack, to_result
 from .engine import Engine, parse_id
 from .errors import CycloneError
 from .notify import Notifier
@@ -223,8 +223,12 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 return
             if msg is grpc.aio.EOF:
                 conn.drain()
+                conn.heard()
                 return
             conn.last_pong = time.monotonic()  # any message shows the worker is alive
+            if conn.quiet_until:  # it did not half-close right after its last snooze
+                conn.heard()
+                self.wake()
             which = msg.WhichOneof("msg")
             if which == "results":
                 try:
@@ -255,6 +259,9 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                     for observe in self.execution_observers:
                         observe(held.kind, took)
                 self.committer.submit(conn, result, r.step_id)
+                if result.outcome == "snoozed" and not result.delay:  # a hand-back, maybe a stopping worker's
+                    conn.hush(HANDBACK_QUIET)
+                    asyncio.get_running_loop().call_later(HANDBACK_QUIET, self.wake)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))
         self.wake()  # the answered leases' slots are free

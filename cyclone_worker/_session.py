@@ -121,7 +121,9 @@ class Session:
         elif kind == "stop":
             for ref in msg.stop.leases:
                 leases.stop(ref, msg.stop.reason or "stop")
-        elif kind == "ping":
+        elif kind == "ping" and not self._closing:
+            # Once closing, no pong: the half-close follows the hand-backs (zero-delay
+            # snoozes), and a message in between would tell the server we are not stopping.
             self._send(workers_pb2.WorkerMessage(pong=workers_pb2.Pong(nonce=msg.ping.nonce)))
         # A message kind added by a newer server is ignored, as the protocol asks.
 

@@ -207,6 +207,30 @@ async def test_no_lease_is_pushed_to_a_worker_while_its_snooze_waits_for_its_ack
     assert (again[first.step_id].attempt, again[first.step_id].lease_generation) == (1, first.lease_generation + 1)
 
 
+async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_nothing_in_between(
+        channel, workers) -> None:
+    """A stopping worker hands back the leases it did not start (zero-delay snoozes) and
+    half-closes right after. On a loaded machine the server could ack the snooze before it
+    read the half-close, and push the step, claimable again at once, back to that worker:
+    it would never run it (and the lease, claimed again, counted a reclaim). After a
+    zero-delay snooze a worker gets no lease until its next message shows it carries on,
+    or HANDBACK_QUIET passes: this worker half-closes only once the ack is in."""
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 2, pong=False)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                               snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+    (a,) = await w.acks(1)
+    assert (a.step_id, a.status) == (lease.step_id, pb.ACK_STATUS_APPLIED)
+    await w.call.done_writing()
+    assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
+    assert w.inbox["leases"].empty()
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.attempt, step.snoozes, step.reclaims, step.lease_generation) == (
+        types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
+
+
 async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclaimed_at_once(
         db_url, start_server) -> None:
     """The dispatcher checks a worker's free slots, then claims: a worker can half-close

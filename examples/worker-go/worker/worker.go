@@ -256,7 +256,11 @@ func (w *Worker) connectOnce(ctx context.Context, client pb.WorkersClient) (welc
 				w.stopLease(leaseKey{ref.StepId, ref.LeaseGeneration}, m.Stop.Reason)
 			}
 		case *pb.ServerMessage_Ping:
-			w.send(stream, &pb.WorkerMessage{Msg: &pb.WorkerMessage_Pong{Pong: &pb.Pong{Nonce: m.Ping.Nonce}}})
+			// Once stopping, no pong: the half-close follows the hand-backs (zero-delay
+			// snoozes), and a message in between would tell the server we are not stopping.
+			if !w.isStopping() {
+				w.send(stream, &pb.WorkerMessage{Msg: &pb.WorkerMessage_Pong{Pong: &pb.Pong{Nonce: m.Ping.Nonce}}})
+			}
 		default: // a message type added after this worker was written
 		}
 	}
