@@ -320,14 +320,30 @@ class Dispatcher:
         self._turn = itertools.count()
         self._stopping = False
         self._due_in: float | None = None  # seconds from the last pass to the next due step
+        self._deferred: set[asyncio.Task[None]] = set()  # deliveries waiting out a worker's quiet
 
     def wake(self) -> None:
         self._event.set()
 
     async def stop(self) -> None:
-        """Make `run` return after the pass in progress, so no claimed lease is left unpushed."""
+        """Make `run` return after the pass in progress and the deliveries it deferred (deliver),
+        so no claimed lease is left unpushed."""
         self._stopping = True
         self._event.set()
+
+    async def _deliver_after_quiet(self, conn: WorkerConn, rows: list[Any]) -> None:
+        try:
+            await conn.quiet_over()
+        finally:
+            conn.reserved -= len(rows)
+        try:
+            await self.deliver(conn, rows)
+        except Exception:  # a bug; the sweep reclaims the leases at their expiry
+            log.exception("pushing %d leases after a worker's snooze failed", len(rows))
+
+    async def _deliveries(self) -> None:
+        while self._deferred:
+            await asyncio.gather(*self._deferred, return_exceptions=True)
 
     async def run(self) -> None:
         while True:
@@ -338,6 +354,7 @@ class Dispatcher:
             except TimeoutError:
                 pass
             if self._stopping:
+                await self._deliveries()
                 return
             self._event.clear()
             try:
@@ -353,6 +370,7 @@ class Dispatcher:
                         s.outcome.exception(), s.next_action.sleep)):  # type: ignore[union-attr]
                 with attempt:
                     if self._stopping:
+                        await self._deliveries()
                         return
                     self._due_in = await self._pass()
 
@@ -407,8 +425,15 @@ class Dispatcher:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message."""
         if not rows:
             return
-        if conn.quiet:  # a zero-delay snooze came while the claim ran: is the worker stopping?
-            await conn.quiet_over()
+        if conn.quiet:
+            # A zero-delay snooze came while the claim ran: the worker may be stopping. The
+            # leases wait for its next message (or EOF) in a task of their own, holding
+            # their slots, so that the pass goes on serving the other workers.
+            conn.reserved += len(rows)
+            task = asyncio.create_task(self._deliver_after_quiet(conn, rows), name="cyclone-deliver-after-quiet")
+            self._deferred.add(task)
+            task.add_done_callback(self._deferred.discard)
+            return
         if conn.closed or conn.draining:
             # The worker half-closed or went away while the claim ran: it will never
             # answer these leases, so they are reclaimed now rather than at their expiry.

@@ -231,6 +231,43 @@ async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_n
         types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
 
 
+async def test_leases_claimed_while_a_hand_back_arrives_are_pushed_once_the_worker_carries_on(
+        channel, workers, db_url) -> None:
+    """A claim for a worker can be under way when its zero-delay snooze arrives. Its leases
+    wait, in their slots, until the worker shows it carries on (or the quiet passes), then
+    go out; nothing is lost and the worker's slots are never exceeded. The claim is held up
+    by a lock on the steps table while the snooze arrives."""
+    (a,) = await enqueue(channel, "resize")
+    (c,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 2, pong=False)
+    await w.connect()
+    first = {x.step_id: x for x in await w.leases(2)}
+    (b,) = await enqueue(channel, "resize")
+    async with await psycopg.AsyncConnection.connect(db_url) as conn, \
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as watch:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
+            await w.send(completed(first[c.step_id]))  # its slot frees now: a claim for b starts
+
+            async def claim_waits() -> bool:
+                row = await (await watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%%cyclone_leases_claim%%'")).fetchone()
+                return row[0] > 0
+
+            await until(claim_waits)
+            handed = first[a.step_id]
+            await w.send(pb.StepResult(step_id=handed.step_id, lease_generation=handed.lease_generation,
+                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+    acks = {x.step_id: x.status for x in await w.acks(2)}
+    assert acks == {a.step_id: pb.ACK_STATUS_APPLIED, c.step_id: pb.ACK_STATUS_APPLIED}
+    again = {x.step_id: x for x in await w.leases(2)}
+    assert set(again) == {a.step_id, b.step_id}
+    assert (again[a.step_id].attempt, again[a.step_id].lease_generation) == (1, handed.lease_generation + 1)
+    with pytest.raises(TimeoutError):  # two slots, two leases held: nothing more
+        await w.next("leases", timeout=0.3)
+
+
 async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclaimed_at_once(
         db_url, start_server) -> None:
     """The dispatcher checks a worker's free slots, then claims: a worker can half-close
