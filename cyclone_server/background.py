@@ -24,7 +24,8 @@ class Background:
     """Periodic work of one server.
 
     - every `sweep_interval`: the recovery sweep and the wait scanners (Engine.sweep);
-    - on 'cyclone_run_ended' notifications too (at most once per SETTLE_MIN_INTERVAL):
+    - on 'cyclone_run_ended' notifications too, when a child run may have ended (at most
+      once per SETTLE_MIN_INTERVAL):
       child-node settling, so a parent node ends right after its child run instead of at
       the next sweep, even when the call that ended the child could not settle it;
     - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
@@ -57,7 +58,8 @@ class Background:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self.notifier.subscribe("cyclone_run_ended", self._run_ended.set)
+        # 'top': only top-level runs ended, no parent node to settle.
+        self.notifier.subscribe("cyclone_run_ended", self._run_ended.set, skip={"top"})
         self._tasks = [
             asyncio.create_task(self._every(self.sweep_interval, self._sweep, "sweep"), name="cyclone-sweep"),
             asyncio.create_task(self._settle_loop(), name="cyclone-settle"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import psycopg
 from tenacity import AsyncRetrying, wait_exponential
@@ -17,8 +17,9 @@ CHANNELS = ("cyclone_available", "cyclone_run_ended", "cyclone_schedules")
 class Notifier:
     """One LISTEN connection per server process, on channels 'cyclone_available' and 'cyclone_run_ended'.
 
-    The SQL functions pg_notify these channels with an empty payload, so Postgres folds
-    them to one notification per channel per transaction. A notification is only a hint:
+    The SQL functions pg_notify these channels with few payloads ('' mostly; 'top' on
+    'cyclone_run_ended' when only top-level runs ended), so Postgres folds them to one or
+    two notifications per channel per transaction. A notification is only a hint:
     whoever wakes must re-check the database. That is also why a re-established connection
     wakes everyone (notifications sent while it was down are lost).
 
@@ -36,7 +37,7 @@ class Notifier:
         self.reconnect_max = reconnect_max
         self.reconnects = 0
         self._waiters: dict[str, set[asyncio.Future[None]]] = {c: set() for c in CHANNELS}
-        self._callbacks: dict[str, list[Callable[[], None]]] = {c: [] for c in CHANNELS}
+        self._callbacks: dict[str, list[tuple[Callable[[], None], Collection[str]]]] = {c: [] for c in CHANNELS}
         self._ignored: dict[str, set[str]] = {c: set() for c in CHANNELS}
         self._conn: psycopg.AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
@@ -72,9 +73,11 @@ class Notifier:
         finally:
             waiters.discard(fut)
 
-    def subscribe(self, channel: str, callback: Callable[[], None]) -> None:
-        """Call `callback` (synchronously, on the event loop) for each notification on `channel`."""
-        self._callbacks[self._known(channel)].append(callback)
+    def subscribe(self, channel: str, callback: Callable[[], None], *, skip: Collection[str] = ()) -> None:
+        """Call `callback` (synchronously, on the event loop) for each notification on
+        `channel`, but those whose payload is in `skip` (say 'top' on 'cyclone_run_ended':
+        only top-level runs ended)."""
+        self._callbacks[self._known(channel)].append((callback, frozenset(skip)))
 
     def ignore(self, channel: str, payload: str) -> None:
         """Deliver no notification on `channel` that carries `payload`, to callbacks or waiters.
@@ -98,11 +101,13 @@ class Notifier:
             await conn.execute(f"LISTEN {channel}")
         return conn
 
-    def _fire(self, channel: str) -> None:
+    def _fire(self, channel: str, payload: str = "") -> None:
         for fut in list(self._waiters[channel]):
             if not fut.done():
                 fut.set_result(None)
-        for callback in self._callbacks[channel]:
+        for callback, skip in self._callbacks[channel]:
+            if payload in skip:
+                continue
             try:
                 callback()
             except Exception:  # one broken subscriber must not stop the others
@@ -116,7 +121,7 @@ class Notifier:
                 assert self._conn is not None
                 async for n in self._conn.notifies():
                     if n.channel in self._waiters and n.payload not in self._ignored[n.channel]:
-                        self._fire(n.channel)
+                        self._fire(n.channel, n.payload)
                 reason = "closed"  # notifies() ends only when the connection closed under it
             except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on
                 reason = str(e)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
-from engine_helpers import claim_one, task
+from engine_helpers import claim_one, start, task
 
 from cyclone_server.engine import Engine, Result
 from cyclone_server.notify import Notifier
@@ -205,3 +205,57 @@ async def test_result_batches_announce_new_work_only_when_they_may_have_made_som
     await engine.enqueue("flaky")
     assert await apply(await claim_one(engine, "flaky"), "failed", message="boom", retry_delay=0) == "retried"
     assert len(announced) == 1
+
+
+async def test_run_ended_says_top_when_only_top_level_runs_ended(engine: Engine, db_url: str) -> None:
+    """'cyclone_run_ended' carries 'top' when the runs that ended have no parent (a job's
+    completion, a DAG run's, a cancel), and '' when a child run ended, whose parent node
+    the child-run settler may have to settle. Each action's notifications are read up to a
+    marker sent after it."""
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as listen, \
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as other:
+        await listen.execute("LISTEN cyclone_run_ended")
+
+        async def payloads() -> list[str]:
+            await other.execute("SELECT pg_notify('cyclone_run_ended', 'marker')")
+            got = []
+            async for n in listen.notifies(timeout=20):
+                if n.payload == "marker":
+                    return got
+                got.append(n.payload)
+            raise AssertionError(f"no marker; got {got}")
+
+        async def complete(kind: str) -> None:
+            lease = await claim_one(engine, kind)
+            ((_, _, status),) = await engine.apply_results([Result(str(lease["step_id"]), lease["lease_generation"],
+                                                                   "completed", output=1)])
+            assert status == "applied"
+
+        await engine.enqueue("job")
+        await complete("job")  # the results batch's path for jobs
+        assert await payloads() == ["top"]
+
+        await start(engine, [task("a"), task("b", "a")], name="pair")
+        await complete("a")
+        await complete("b")  # the path for DAG steps
+        assert await payloads() == ["top"]
+
+        run_id = await start(engine, [task("c")], name="one")
+        assert await engine.cancel_run(run_id)
+        assert await payloads() == ["top"]
+
+        await engine.register_workflow("leaf", [task("l")])
+        await start(engine, [task("kid", type="child", workflow="leaf")], name="parent")
+        await complete("l")  # the child run ends; settling its parent node ends the parent run
+        assert "" in await payloads()
+
+
+async def test_a_subscriber_can_skip_payloads(notifier: Notifier, conn: psycopg.AsyncConnection) -> None:
+    every: list[None] = []
+    settler: list[None] = []
+    notifier.subscribe("cyclone_run_ended", lambda: every.append(None))
+    notifier.subscribe("cyclone_run_ended", lambda: settler.append(None), skip={"top"})
+    await conn.execute("SELECT pg_notify('cyclone_run_ended', 'top')")
+    await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
+    await until(lambda: len(every) == 2)
+    assert len(settler) == 1

@@ -7,7 +7,9 @@
 -- order and with SKIP LOCKED after the first, so transitions never deadlock.
 --
 -- Notifications: 'cyclone_available' when steps become claimable, 'cyclone_run_ended' when
--- a run ends. Both carry an empty payload, so Postgres folds them to one per transaction.
+-- a run ends. Their payloads are few, so Postgres folds them to one or two per transaction:
+-- 'cyclone_run_ended' says 'top' when only top-level runs ended (no child run, nothing for
+-- the parents' settler to do), and '' otherwise.
 
 CREATE OR REPLACE FUNCTION cyclone_uuid7() RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
@@ -99,13 +101,16 @@ $$;
 -- End a run (completed, failed or cancelled).
 CREATE OR REPLACE FUNCTION cyclone__run_end(p_run_id uuid, p_state text) RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    parent uuid;
 BEGIN
     UPDATE cyclone_runs
        SET state = p_state, finished_at = now(), updated_at = now(),
            paused_at = NULL, deadline_left = NULL,
            result = CASE WHEN p_state = 'completed' THEN cyclone__run_result(id) END
-     WHERE id = p_run_id;
-    PERFORM pg_notify('cyclone_run_ended', '');
+     WHERE id = p_run_id
+    RETURNING parent_run_id INTO parent;
+    PERFORM pg_notify('cyclone_run_ended', CASE WHEN parent IS NULL THEN 'top' ELSE '' END);
 END $$;
 
 -- The run completes when nothing non-terminal remains (in a paused run too: a pause never

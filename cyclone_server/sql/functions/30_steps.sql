@@ -378,6 +378,7 @@ DECLARE
     wait_runs uuid[];
     promoted boolean := false;
     n integer;
+    children boolean;
 BEGIN
     SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
       FROM jsonb_array_elements(p_results) e
@@ -424,7 +425,7 @@ BEGIN
     )
     SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
     IF fast IS NOT NULL THEN
-        PERFORM pg_notify('cyclone_run_ended', '');
+        PERFORM pg_notify('cyclone_run_ended', 'top');  -- top-level runs only (t)
         -- The jobs completed here, in one go; the loop at the end answers the rest.
         RETURN QUERY
             SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
@@ -515,11 +516,11 @@ BEGIN
                           AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = u.id
                                              AND s.state NOT IN ('completed', 'discarded', 'cancelled')
                                           OFFSET 0)))
-            RETURNING r.id
+            RETURNING r.parent_run_id
         )
-        SELECT count(*) INTO n FROM ended;
+        SELECT count(*), bool_or(parent_run_id IS NOT NULL) INTO n, children FROM ended;
         IF n > 0 THEN
-            PERFORM pg_notify('cyclone_run_ended', '');
+            PERFORM pg_notify('cyclone_run_ended', CASE WHEN children THEN '' ELSE 'top' END);
         END IF;
         -- The child runs that ended here (here or in a wait node's promotion), for the caller
         -- to settle their parent nodes.
