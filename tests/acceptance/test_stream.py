@@ -109,6 +109,14 @@ async def until(cond: Callable[[], Any], deadline: float = DEADLINE) -> Any:
         await asyncio.sleep(0.05)
 
 
+async def claim_waits(watch: psycopg.AsyncConnection) -> bool:
+    """A claim (cyclone_leases_claim) is waiting for a lock: the test holds it up."""
+    row = await (await watch.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%%cyclone_leases_claim%%'")).fetchone()
+    return row[0] > 0
+
+
 @pytest.fixture
 async def workers(channel: grpc.aio.Channel):
     made: list[RawWorker] = []
@@ -248,14 +256,7 @@ async def test_leases_claimed_while_a_hand_back_arrives_are_pushed_once_the_work
         async with conn.transaction():
             await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
             await w.send(completed(first[c.step_id]))  # its slot frees now: a claim for b starts
-
-            async def claim_waits() -> bool:
-                row = await (await watch.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND query LIKE '%%cyclone_leases_claim%%'")).fetchone()
-                return row[0] > 0
-
-            await until(claim_waits)
+            await until(lambda: claim_waits(watch))
             handed = first[a.step_id]
             await w.send(pb.StepResult(step_id=handed.step_id, lease_generation=handed.lease_generation,
                                        snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
@@ -284,14 +285,7 @@ async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclai
                 async with conn.transaction():
                     await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
                     await w.connect()
-
-                    async def claim_waits() -> bool:
-                        row = await (await watch.execute(
-                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                            "AND query LIKE '%%cyclone_leases_claim%%'")).fetchone()
-                        return row[0] > 0
-
-                    await until(claim_waits)
+                    await until(lambda: claim_waits(watch))
                     w.pong = False
                     await w.call.done_writing()
                     assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
