@@ -331,13 +331,13 @@ class Dispatcher:
         self._stopping = True
         self._event.set()
 
-    async def _deliver_after_quiet(self, conn: WorkerConn, rows: list[Any]) -> None:
+    async def _deliver_after_quiet(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
         try:
             await conn.quiet_over()
         finally:
             conn.reserved -= len(rows)
         try:
-            await self.deliver(conn, rows)
+            await self.deliver(conn, rows, claimed)
         except Exception:  # a bug; the sweep reclaims the leases at their expiry
             log.exception("pushing %d leases after a worker's snooze failed", len(rows))
 
@@ -405,6 +405,7 @@ class Dispatcher:
                 continue
             conn.reserved += want
             try:
+                claimed = time.monotonic()
                 try:
                     rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
                 except psycopg.DataError as e:  # this worker's data, not the database: serve the others
@@ -412,7 +413,7 @@ class Dispatcher:
                     continue
                 if len(rows) < want:
                     exhausted.update(kinds)
-                await self.deliver(conn, rows)
+                await self.deliver(conn, rows, claimed)
             finally:
                 conn.reserved -= want
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
@@ -421,8 +422,9 @@ class Dispatcher:
         due = await self.engine.next_due(waiting)
         return None if due is None else max(due, MIN_DUE_WAIT)
 
-    async def deliver(self, conn: WorkerConn, rows: list[Any]) -> None:
-        """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message."""
+    async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
+        """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message;
+        `claimed` is the time.monotonic() at which the claim's statement was sent."""
         if not rows:
             return
         if conn.quiet:
@@ -430,7 +432,8 @@ class Dispatcher:
             # leases wait for its next message (or EOF) in a task of their own, holding
             # their slots, so that the pass goes on serving the other workers.
             conn.reserved += len(rows)
-            task = asyncio.create_task(self._deliver_after_quiet(conn, rows), name="cyclone-deliver-after-quiet")
+            task = asyncio.create_task(self._deliver_after_quiet(conn, rows, claimed),
+                                       name="cyclone-deliver-after-quiet")
             self._deferred.add(task)
             task.add_done_callback(self._deferred.discard)
             return
@@ -454,9 +457,13 @@ class Dispatcher:
             claims[row.kind] += 1
             lease_message(row, add())
         conn.send(msg)
-        for row in rows:  # from claimable (scheduled_at) to pushed
+        # From claimable (scheduled_at) to pushed: `waited` runs to the claim's transaction
+        # start (0 for a job claimed by its own Enqueue), then the claim, its commit and
+        # this push, timed here on one clock.
+        since_claim = time.monotonic() - claimed
+        for row in rows:
             for observe in self.latency_observers:
-                observe(row.waited)
+                observe(row.waited + since_claim)
             for observe_kind in self.claim_observers:
                 observe_kind(row.kind, row.waited)
 
@@ -478,9 +485,10 @@ class Dispatcher:
         want = min(conn.free_slots, sum(1 for kind in ready if kind in served))
         conn.reserved += want
         try:
+            claimed = time.monotonic()
             rows, leases = await self.engine.enqueue_claim(jobs, conn.worker_id, served, want, self.lease_ttl)
             try:
-                await self.deliver(conn, leases)
+                await self.deliver(conn, leases, claimed)
             except Exception:  # a bug; the jobs committed all the same, and the sweep reclaims the leases
                 log.exception("pushing %d leases claimed at Enqueue failed", len(leases))
         finally:

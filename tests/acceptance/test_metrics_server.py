@@ -228,3 +228,31 @@ async def test_counters_and_gauges_equal_the_database_after_a_known_workload(
 
         await until(runs_ended_counted, "runs ended to be counted by workflow and state")
         release.set()
+
+
+async def test_dispatch_latency_runs_to_the_push_for_a_job_claimed_by_its_own_enqueue(
+        start_server: Callable[..., Any], db_url: str, conn: psycopg.AsyncConnection) -> None:
+    """A job enqueued while a worker waits for its kind is claimed in its Enqueue's own
+    transaction: claimable and claimed at that transaction's start. Its dispatch latency
+    still covers the claim, the commit and the push (it was 0 for every such job)."""
+    srv = start_server(db_url, extra_args=["--metrics-listen", "127.0.0.1:0"])
+    port = metrics_port(srv)
+    worker = Worker(srv.address, slots=4)
+
+    @worker.handler("ok")
+    async def ok(ctx: Context) -> None:
+        return None
+
+    async with Client(srv.address) as client, worker:
+        async def connected() -> bool:
+            return (await scrape(port))["cyclone_connected_workers"] == 1
+
+        await until(connected, "the worker to connect")
+        for _ in range(3):
+            await client.result(await client.enqueue("ok"))
+        rows = await (await conn.execute(
+            "SELECT extract(epoch FROM started_at - scheduled_at)::float8 FROM cyclone_steps")).fetchall()
+        assert [r[0] for r in rows] == [0.0, 0.0, 0.0]  # each claimed in its Enqueue's transaction
+        samples = await scrape(port)
+        assert samples["cyclone_dispatch_latency_seconds_count"] == 3
+        assert samples["cyclone_dispatch_latency_seconds_sum"] > 0

@@ -15,7 +15,8 @@
 
 -- available -> running, for up to p_limit steps of the given kinds, priority then FIFO.
 -- The claim writes exactly what the document lists; the attempt does not change.
--- `waited` is how long each step was claimable before this claim (dispatch latency).
+-- `waited` is how long each step was claimable before this claim (its queue wait; the dispatch
+-- latency adds the claim, its commit and the push, which the dispatcher times).
 -- `trace_context` is the run's, for the lease.
 --
 -- Plans: the dispatcher runs this on every pass, often for one or two steps, so planning
