@@ -245,6 +245,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
 
     def _on_results(self, conn: WorkerConn, results: Any) -> None:
         refused: list[pb.ResultAck] = []
+        handed_back = False
         for r in results:
             result = to_result(r)
             if isinstance(result, str):  # the step id is not an id: no step to answer
@@ -259,9 +260,10 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                     for observe in self.execution_observers:
                         observe(held.kind, took)
                 self.committer.submit(conn, result, r.step_id)
-                if result.outcome == "snoozed" and not result.delay:  # a hand-back, maybe a stopping worker's
-                    conn.hush(HANDBACK_QUIET)
-                    asyncio.get_running_loop().call_later(HANDBACK_QUIET, self.wake)
+                handed_back |= result.outcome == "snoozed" and not result.delay  # maybe a stopping worker's
+        if handed_back:
+            conn.hush(HANDBACK_QUIET)
+            asyncio.get_running_loop().call_later(HANDBACK_QUIET, self.wake)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))
         self.wake()  # the answered leases' slots are free
