@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 import psycopg
-
+from google.protobuf import timestamp_pb2
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from cyclone_proto import workers_pb2 as pb
@@ -38,10 +38,11 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
-# After a zero-delay snooze, a worker gets no lease until its next message, or this many
-# seconds. A stopping worker hands back the leases it did not start as zero-delay snoozes
-# and half-closes right after; on a loaded machine, the snooze could be acked before the
-# half-close was read, and a lease pushed in between would never run (WorkerConn.hush).
+# After a zero-delay snooze, a worker gets no lease until its next message (the server
+# pings it at once), or this many seconds. A stopping worker hands back the leases it did
+# not start as zero-delay snoozes and half-closes right after; on a loaded machine, the
+# snooze could be acked before the half-close was read, and a lease pushed in between
+# would never run (WorkerConn.hush).
 HANDBACK_QUIET = 0.1
 
 # The SQL statuses of a result, and the ack each becomes (the SQL's finer 'applied' kinds
@@ -101,6 +102,7 @@ class WorkerConn:
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
+    nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -129,9 +131,13 @@ class WorkerConn:
     def hush(self, seconds: float) -> None:
         """A zero-delay snooze arrived: the worker may be stopping, and half-closing right
         after it. Nothing is pushed to it until its next message (heard) shows it is not, or
-        EOF that it is, or `seconds` pass; the caller wakes the dispatcher then."""
+        EOF that it is, or `seconds` pass; the caller wakes the dispatcher then. A Ping goes
+        out now: a worker that carries on answers it at once, so its snoozed step comes
+        back to it within a round trip, not `seconds` (DECISIONS 3b: a due step is leased
+        within 50 ms); a stopping one has half-closed, or no longer answers pings."""
         self.quiet_until = time.monotonic() + seconds
         self._quiet_over.clear()
+        self.ping()
 
     def heard(self) -> None:
         """A message (or EOF) came from the worker after its last snooze: the quiet is over."""
@@ -172,6 +178,13 @@ class WorkerConn:
     def send(self, msg: pb.ServerMessage) -> None:
         if not self.closed:
             self.outbox.put_nowait(msg)
+
+    def ping(self) -> None:
+        """Send a Ping (the worker answers with a Pong of the same nonce)."""
+        self.nonce += 1
+        at = timestamp_pb2.Timestamp()
+        at.GetCurrentTime()
+        self.send(pb.ServerMessage(ping=pb.Ping(nonce=self.nonce, at=at)))
 
     def end(self, code: grpc.StatusCode | None = None, message: str = "") -> None:
         """End the stream after what is already queued; no lease is pushed to it from now on."""

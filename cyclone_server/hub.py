@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
@@ -269,7 +268,6 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self.wake()  # the answered leases' slots are free
 
     async def _ping(self, conn: WorkerConn) -> None:
-        nonce = 0
         while not conn.closed:
             await asyncio.sleep(self.heartbeat)
             silent = time.monotonic() - conn.last_pong
@@ -282,10 +280,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 self._releasing.add(task)
                 task.add_done_callback(self._releasing.discard)
                 return
-            nonce += 1
-            at = timestamp_pb2.Timestamp()
-            at.GetCurrentTime()
-            conn.send(pb.ServerMessage(ping=pb.Ping(nonce=nonce, at=at)))
+            conn.ping()
 
     async def _release(self, conn: WorkerConn) -> None:
         """A silent worker can no longer answer its leases: reclaim them now rather than

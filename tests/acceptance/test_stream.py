@@ -239,6 +239,28 @@ async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_n
         types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
 
 
+async def test_a_hand_back_is_answered_with_a_ping_and_a_worker_that_carries_on_gets_its_step_back(
+        db_url, start_server) -> None:
+    """After a zero-delay snooze the server pings the worker at once (heartbeats come every
+    lease_ttl / 3, 20 s here): a worker that carries on answers, which ends the quiet, and
+    its snoozed step, due at once, comes back to it (DECISIONS 3b) within that round trip."""
+    srv = start_server(db_url, lease_ttl=60)
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        (job,) = await enqueue(channel, "resize")
+        w = RawWorker(channel, ["resize"], 1)
+        try:
+            await w.connect()
+            (lease,) = await w.leases(1)
+            await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+            await until(lambda: asyncio.sleep(0, w.pings > 0), deadline=10)
+            (again,) = await w.leases(1)
+            assert (again.step_id, again.lease_generation, again.snoozes) == (
+                lease.step_id, lease.lease_generation + 1, 1)
+        finally:
+            await w.close()
+
+
 async def test_leases_claimed_while_a_hand_back_arrives_are_pushed_once_the_worker_carries_on(
         channel, workers, db_url) -> None:
     """A claim for a worker can be under way when its zero-delay snooze arrives. Its leases
