@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -97,6 +98,21 @@ async def enqueue(channel: grpc.aio.Channel, kind: str, n: int = 1, **options: A
 async def get_step(channel: grpc.aio.Channel, run_id: str) -> types_pb2.Step:
     run = await runs_pb2_grpc.RunsStub(channel).GetRun(runs_pb2.GetRunRequest(run_id=run_id))
     return run.steps[0]
+
+
+@contextlib.asynccontextmanager
+async def one_lease(address: str, kind: str = "resize") -> AsyncIterator[tuple[Any, ...]]:
+    """A channel to the server at `address`, one job of `kind`, and a one-slot RawWorker
+    holding its lease: yields (channel, job, worker, lease)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        (job,) = await enqueue(channel, kind)
+        w = RawWorker(channel, [kind], 1)
+        try:
+            await w.connect()
+            (lease,) = await w.leases(1)
+            yield channel, job, w, lease
+        finally:
+            await w.close()
 
 
 async def until(cond: Callable[[], Any], deadline: float = DEADLINE) -> Any:
@@ -245,20 +261,13 @@ async def test_a_hand_back_is_answered_with_a_ping_and_a_worker_that_carries_on_
     lease_ttl / 3, 20 s here): a worker that carries on answers, which ends the quiet, and
     its snoozed step, due at once, comes back to it (DECISIONS 3b) within that round trip."""
     srv = start_server(db_url, lease_ttl=60)
-    async with grpc.aio.insecure_channel(srv.address) as channel:
-        (job,) = await enqueue(channel, "resize")
-        w = RawWorker(channel, ["resize"], 1)
-        try:
-            await w.connect()
-            (lease,) = await w.leases(1)
-            await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
-                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
-            await until(lambda: asyncio.sleep(0, w.pings > 0), deadline=10)
-            (again,) = await w.leases(1)
-            assert (again.step_id, again.lease_generation, again.snoozes) == (
-                lease.step_id, lease.lease_generation + 1, 1)
-        finally:
-            await w.close()
+    async with one_lease(srv.address) as (_, _, w, lease):
+        await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                                   snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+        await until(lambda: asyncio.sleep(0, w.pings > 0), deadline=10)
+        (again,) = await w.leases(1)
+        assert (again.step_id, again.lease_generation, again.snoozes) == (
+            lease.step_id, lease.lease_generation + 1, 1)
 
 
 async def test_leases_claimed_while_a_hand_back_arrives_are_pushed_once_the_worker_carries_on(
@@ -423,20 +432,13 @@ async def test_a_half_closed_stream_gets_its_acks_then_ends_ok(channel, workers)
 
 async def test_an_output_over_the_limit_discards_the_step_and_is_acked_applied(db_url, start_server) -> None:
     srv = start_server(db_url, extra_args=["--max-payload-bytes", "100"])
-    async with grpc.aio.insecure_channel(srv.address) as channel:
-        (job,) = await enqueue(channel, "resize")
-        w = RawWorker(channel, ["resize"], 1)
-        try:
-            await w.connect()
-            (lease,) = await w.leases(1)
-            await w.send(completed(lease, "x" * 500))
-            (a,) = await w.acks(1)
-            assert (a.status, a.detail) == (pb.ACK_STATUS_APPLIED, "output_too_large")
-            step = await get_step(channel, job.run_id)
-            assert (step.state, step.error_kind, step.reason) == (types_pb2.STEP_STATE_DISCARDED, "permanent",
-                                                                  "output_too_large")
-        finally:
-            await w.close()
+    async with one_lease(srv.address) as (channel, job, w, lease):
+        await w.send(completed(lease, "x" * 500))
+        (a,) = await w.acks(1)
+        assert (a.status, a.detail) == (pb.ACK_STATUS_APPLIED, "output_too_large")
+        step = await get_step(channel, job.run_id)
+        assert (step.state, step.error_kind, step.reason) == (types_pb2.STEP_STATE_DISCARDED, "permanent",
+                                                              "output_too_large")
 
 
 async def test_cancelling_a_run_stops_the_handler_and_fences_its_result(channel, workers) -> None:

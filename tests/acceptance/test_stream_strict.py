@@ -17,7 +17,7 @@ from cyclone_proto import types_pb2
 from cyclone_proto import workers_pb2 as pb
 
 from test_metrics_server import metrics_port, scrape
-from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, until, workers  # noqa: F401 (a fixture)
+from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, one_lease, until, workers  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
 
@@ -38,16 +38,9 @@ async def step_row(engine: Engine, run_id: str) -> dict[str, Any]:
 
 async def test_two_answers_to_one_lease_in_one_message_get_applied_then_ended(db_url, start_server) -> None:
     srv = start_server(db_url, extra_args=["--metrics-listen", "127.0.0.1:0"])
-    async with grpc.aio.insecure_channel(srv.address) as channel:
-        (job,) = await enqueue(channel, "resize")
-        w = RawWorker(channel, ["resize"], 1)
-        try:
-            await w.connect()
-            (lease,) = await w.leases(1)
-            await w.send(completed(lease, "first"), completed(lease, "second"), failed(lease))
-            acks = await w.acks(3)
-        finally:
-            await w.close()
+    async with one_lease(srv.address) as (channel, job, w, lease):
+        await w.send(completed(lease, "first"), completed(lease, "second"), failed(lease))
+        acks = await w.acks(3)
         assert [a.status for a in acks] == [pb.ACK_STATUS_APPLIED, pb.ACK_STATUS_ENDED, pb.ACK_STATUS_ENDED]
         step = await get_step(channel, job.run_id)
         assert (step.state, step.output.string_value) == (types_pb2.STEP_STATE_COMPLETED, "first")
