@@ -131,7 +131,6 @@ class CycloneServer:
         self.engine = await Engine.open(s.database_url, max_size=20, max_payload_bytes=s.max_payload_bytes,
                                         announces=True)
         self.notifier = Notifier(s.database_url)
-        self.notifier.ignore("cyclone_available", self.engine.announce_token)  # the engine wakes this process itself
         await self.notifier.start()
         self._started.append("notifier")
         self.server = self._grpc_server()

@@ -139,11 +139,14 @@ class WorkerConn:
         self._quiet_over.clear()
         self.ping()
 
-    def heard(self) -> None:
-        """A message (or EOF) came from the worker after its last snooze: the quiet is over."""
-        if self.quiet_until:
-            self.quiet_until = 0.0
-            self._quiet_over.set()
+    def heard(self) -> bool:
+        """A message (or EOF) came from the worker: a quiet after its last snooze is over.
+        Returns whether there was one (its slots may be free now)."""
+        if not self.quiet_until:
+            return False
+        self.quiet_until = 0.0
+        self._quiet_over.set()
+        return True
 
     async def quiet_over(self) -> None:
         """Return once the quiet after a zero-delay snooze is over (at once when there is none)."""

@@ -246,10 +246,10 @@ class Engine:
         # transactions (see cyclone__notify_available); this engine sends one NOTIFY per
         # ANNOUNCE_WINDOW instead, on the side, for the other servers.
         self.announces = announces
-        # The payload of this engine's own announcements. The server's Notifier leaves them
-        # out (Notifier.ignore): announce() has woken this process's listeners already, and
-        # each echo would cost its dispatcher a pass that finds nothing new.
-        self.announce_token = uuid.uuid4().hex if announces else ""
+        # The payload of this engine's own announcements (never empty, as the SQL functions'
+        # payload is). The server's dispatcher skips them (WorkerHub.start): announce() has
+        # woken it already, and each echo would cost it a pass that finds nothing new.
+        self.announce_token = uuid.uuid4().hex
         # Called when a schedule was made, changed or resumed (the server's scheduler wake-up).
         self.schedule_listeners: list[Callable[[], None]] = []
         self._announcing: asyncio.Task[None] | None = None

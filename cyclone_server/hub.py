@@ -107,7 +107,8 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         workers_pb2_grpc.add_WorkersServicer_to_server(self, server)
 
     async def start(self) -> None:
-        self.notifier.subscribe("cyclone_available", self.wake)
+        # Not on this server's own announcements: Engine.announce has woken the dispatcher.
+        self.notifier.subscribe("cyclone_available", self.wake, skip={self.engine.announce_token})
         self._dispatch_task = asyncio.create_task(self.dispatcher.run(), name="cyclone-dispatch")
         self._tasks = [asyncio.create_task(self.committer.run(), name="cyclone-results"),
                        asyncio.create_task(self._renew_loop(), name="cyclone-renew"),
@@ -225,8 +226,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 conn.heard()
                 return
             conn.last_pong = time.monotonic()  # any message shows the worker is alive
-            if conn.quiet_until:  # it did not half-close right after its last snooze
-                conn.heard()
+            if conn.heard():  # it did not half-close right after its last snooze
                 self.wake()
             which = msg.WhichOneof("msg")
             if which == "results":

@@ -38,7 +38,6 @@ class Notifier:
         self.reconnects = 0
         self._waiters: dict[str, set[asyncio.Future[None]]] = {c: set() for c in CHANNELS}
         self._callbacks: dict[str, list[tuple[Callable[[], None], Collection[str]]]] = {c: [] for c in CHANNELS}
-        self._ignored: dict[str, set[str]] = {c: set() for c in CHANNELS}
         self._conn: psycopg.AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -76,18 +75,8 @@ class Notifier:
     def subscribe(self, channel: str, callback: Callable[[], None], *, skip: Collection[str] = ()) -> None:
         """Call `callback` (synchronously, on the event loop) for each notification on
         `channel`, but those whose payload is in `skip` (say 'top' on 'cyclone_run_ended':
-        only top-level runs ended)."""
+        only top-level runs ended; or a server's own Engine.announce_token)."""
         self._callbacks[self._known(channel)].append((callback, frozenset(skip)))
-
-    def ignore(self, channel: str, payload: str) -> None:
-        """Deliver no notification on `channel` that carries `payload`, to callbacks or waiters.
-
-        For a server's own announcements (Engine.announce_token): Engine.announce has woken
-        the process's listeners when it sent them. Notifications with another payload, and
-        those of the SQL functions (an empty one), are delivered as before."""
-        if not payload:
-            raise ValueError("payload: an empty payload is every SQL function's; only a token can be ignored")
-        self._ignored[self._known(channel)].add(payload)
 
     @staticmethod
     def _known(channel: str) -> str:
@@ -120,7 +109,7 @@ class Notifier:
                     await self._reconnect()
                 assert self._conn is not None
                 async for n in self._conn.notifies():
-                    if n.channel in self._waiters and n.payload not in self._ignored[n.channel]:
+                    if n.channel in self._waiters:
                         self._fire(n.channel, n.payload)
                 reason = "closed"  # notifies() ends only when the connection closed under it
             except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on

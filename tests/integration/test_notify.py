@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 
@@ -113,10 +114,9 @@ async def test_a_server_hears_the_other_servers_announcements_but_not_its_own(
     ours = await Engine.open(db_url, announces=True)
     theirs = await Engine.open(db_url, announces=True)
     mine = Notifier(db_url)
-    mine.ignore("cyclone_available", ours.announce_token)
     await mine.start()
     heard: list[None] = []
-    mine.subscribe("cyclone_available", lambda: heard.append(None))
+    mine.subscribe("cyclone_available", lambda: heard.append(None), skip={ours.announce_token})  # as WorkerHub does
     marker: list[None] = []
     mine.subscribe("cyclone_run_ended", lambda: marker.append(None))
     elsewhere: list[None] = []
@@ -140,11 +140,17 @@ async def test_a_server_hears_the_other_servers_announcements_but_not_its_own(
         await theirs.close()
 
 
-async def test_only_a_token_can_be_ignored(notifier: Notifier) -> None:
-    with pytest.raises(ValueError, match="payload"):
-        notifier.ignore("cyclone_available", "")
+async def test_an_announce_token_is_never_the_sql_functions_empty_payload(db_url: str, notifier: Notifier) -> None:
+    """Skipping a token must never skip the SQL functions' notifications (payload '')."""
+    engines = [await Engine.open(db_url, announces=a, min_size=1, max_size=1) for a in (True, False)]
+    try:
+        tokens = [e.announce_token for e in engines]
+        assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens) and tokens[0] != tokens[1]
+    finally:
+        for e in engines:
+            await e.close()
     with pytest.raises(ValueError, match="channel"):
-        notifier.ignore("nope", "abc")
+        notifier.subscribe("nope", lambda: None, skip={"abc"})
 
 
 async def test_run_end_watch_wakes_each_waiter_with_one_query_per_check(notifier: Notifier, engine: Engine) -> None:

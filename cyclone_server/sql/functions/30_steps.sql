@@ -426,7 +426,7 @@ BEGIN
     )
     SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
     IF fast IS NOT NULL THEN
-        PERFORM pg_notify('cyclone_run_ended', 'top');  -- top-level runs only (t)
+        PERFORM pg_notify('cyclone_run_ended', 'top');  -- t took top-level runs only
         -- The jobs completed here, in one go; the loop at the end answers the rest.
         RETURN QUERY
             SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
