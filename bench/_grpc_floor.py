@@ -43,7 +43,7 @@ def _serve(ports: mp.Queue) -> None:
 
 async def _calls(address: str, jobs: int, kind: str, concurrency: int) -> tuple[float, float]:
     """(seconds, client CPU seconds) for `jobs` calls, `concurrency` in flight, after a warm-up."""
-    async with Client(address) as client:
+    async with Client(address, enqueue_calls=0) as client:  # one Enqueue call per job
         await client.enqueue(kind, {"warm": 1})
         sem = asyncio.Semaphore(concurrency)
 

@@ -7,8 +7,10 @@ Everything runs on this machine together: an embedded Postgres with durable comm
 processes with no-op handlers, and the load generator. It prints one table:
 
 - standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s, once with
-  one Enqueue call per job (64 calls in flight) and once with EnqueueMany (--batch jobs
-  per call, 4 calls in flight);
+  one Enqueue call per job (64 calls in flight, `Client(enqueue_calls=0)`), once with one
+  SDK `enqueue()` per job from 64 tasks on a default Client (at most 2 calls in flight,
+  the other jobs going together in EnqueueMany calls), and once with EnqueueMany (--batch
+  jobs per call, 4 calls in flight);
 - DAG runs: SubmitRun of a 10-node workflow (fan-out / fan-in) -> every step done, steps/s;
 - dispatch latency p50 / p99: from the step becoming available (scheduled_at) to its
   handler starting, measured with paced submissions (no backlog);
@@ -92,14 +94,20 @@ async def submit_concurrently(coros: list, concurrency: int = 64) -> None:
 
 async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int) -> dict[str, float]:
     out: dict[str, float] = {}
-    async with Client(address) as client:
-        await client.register(DAG)
+    async with Client(address, enqueue_calls=0) as single:
         note(f"enqueueing {jobs} standalone jobs, one Enqueue call each")
         t0 = time.monotonic()
-        await submit_concurrently([client.enqueue(KIND, {"i": i}) for i in range(jobs)])
+        await submit_concurrently([single.enqueue(KIND, {"i": i}) for i in range(jobs)])
         out["jobs_calls_per_s"] = jobs / (time.monotonic() - t0)  # every call answered (its job committed)
         out["jobs_steps_per_s"] = jobs / (await wait_all_done(url, jobs) - t0)
         done = jobs
+    async with Client(address) as client:
+        await client.register(DAG)
+        note(f"enqueueing {jobs} standalone jobs, one SDK enqueue() each (calls shared)")
+        t0 = time.monotonic()
+        await submit_concurrently([client.enqueue(KIND, {"i": i}) for i in range(jobs)])
+        done += jobs
+        out["shared_steps_per_s"] = jobs / (await wait_all_done(url, done) - t0)
 
         note(f"enqueueing {jobs} standalone jobs, {batch} per EnqueueMany call")
         t0 = time.monotonic()
@@ -226,6 +234,7 @@ def main() -> None:
 
     rows = [
         ("standalone jobs, Enqueue per job", f"{cyc['jobs_steps_per_s']:.0f} steps/s"),
+        ("standalone jobs, SDK enqueue() per job, calls shared", f"{cyc['shared_steps_per_s']:.0f} steps/s"),
         (f"standalone jobs, EnqueueMany ({args.batch}/call)", f"{cyc['batched_steps_per_s']:.0f} steps/s"),
         ("DAG runs (10 nodes), end to end", f"{cyc['dag_steps_per_s']:.0f} steps/s"),
         ("dispatch latency p50", f"{cyc['latency_p50_ms']:.1f} ms"),
@@ -235,6 +244,7 @@ def main() -> None:
         ("floor: bare grpc.aio Enqueue, same client", f"{floor['calls_per_s']:.0f} calls/s"),
         ("floor: CPU per call, server / client", f"{floor['server_us']:.0f} / {floor['client_us']:.0f} us"),
         ("ratio: Enqueue per job / raw SQL", f"{cyc['jobs_steps_per_s'] / raw:.2f}"),
+        ("ratio: SDK enqueue() per job / raw SQL", f"{cyc['shared_steps_per_s'] / raw:.2f}"),
         ("ratio: Enqueue calls answered / floor", f"{cyc['jobs_calls_per_s'] / floor['calls_per_s']:.2f}"),
         ("ratio: EnqueueMany / raw SQL", f"{cyc['batched_steps_per_s'] / raw:.2f}"),
     ]

@@ -1,0 +1,173 @@
+"""The SDK Client's enqueue calls: a few on the wire, the jobs of the others together.
+
+A real server in this process (so that a server interceptor can count the calls it
+receives), on a real port and a real database; the SDK Client over its own channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from datetime import datetime, timedelta, timezone
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+
+from cyclone_server.app import CycloneServer, Settings
+from cyclone_server.auth import TokenAuthInterceptor
+from cyclone_worker import Client, CycloneClientError
+
+
+class Counter(grpc.aio.ServerInterceptor):
+    """Counts the calls the server receives, by method name ("Enqueue", "EnqueueMany", ...)."""
+
+    def __init__(self) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        self.calls[details.method.rsplit("/", 1)[-1]] += 1
+        return await continuation(details)
+
+
+@contextlib.asynccontextmanager
+async def serving(db_url: str, *interceptors: grpc.aio.ServerInterceptor) -> AsyncIterator[CycloneServer]:
+    server = CycloneServer(Settings(database_url=db_url, listen="127.0.0.1:0", migrate=False,
+                                    interceptors=list(interceptors)))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def inputs_of(db_url: str, run_ids: list[str]) -> dict[str, Any]:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        rows = await (await conn.execute("SELECT id::text, input FROM cyclone_runs WHERE id = ANY(%s::uuid[])",
+                                          (run_ids,))).fetchall()
+    return dict(rows)
+
+
+async def run_count(db_url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        return (await (await conn.execute("SELECT count(*) FROM cyclone_runs")).fetchone())[0]
+
+
+async def test_concurrent_enqueues_share_calls_and_each_caller_gets_its_own_job(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=2) as client:
+        run_ids = await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(300)))
+    assert len(set(run_ids)) == 300
+    # Each caller's run holds that caller's input.
+    inputs = await inputs_of(db_url, run_ids)
+    assert [inputs[r] for r in run_ids] == [{"i": i} for i in range(300)]
+    assert await run_count(db_url) == 300
+    # Two calls went alone; the other jobs waited for them and went together.
+    assert counter.calls["EnqueueMany"] >= 1
+    assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] < 30
+
+
+async def test_enqueues_made_one_after_another_go_one_call_each(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=1) as client:
+        for i in range(5):
+            await client.enqueue("email", {"i": i})
+    assert counter.calls["Enqueue"] == 5 and counter.calls["EnqueueMany"] == 0
+
+
+async def test_enqueue_calls_zero_sends_one_enqueue_per_job(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=0) as client:
+        await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(40)))
+    assert counter.calls["Enqueue"] == 40 and counter.calls["EnqueueMany"] == 0
+
+
+async def test_a_refused_job_fails_only_its_own_caller_in_enqueues_words(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=1) as client:
+        kept = await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
+
+        async def one(i: int) -> str | CycloneClientError:
+            try:
+                if i == 7:  # the key belongs to a run made by a different request
+                    return await client.enqueue("email", {"to": "bob"}, idempotency_key="k1")
+                if i == 11:  # a deadline already past
+                    return await client.enqueue("email", {"i": i}, deadline=datetime.now(timezone.utc) - timedelta(seconds=5))
+                if i == 13:  # the same request as the kept run: its run, not a new one
+                    return await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
+                return await client.enqueue("email", {"i": i})
+            except CycloneClientError as e:
+                return e
+
+        answers = await asyncio.gather(*(one(i) for i in range(40)))
+    assert counter.calls["EnqueueMany"] >= 1  # the jobs did go together, and were refused together
+    conflict, past, again = answers[7], answers[11], answers[13]
+    assert isinstance(conflict, CycloneClientError) and conflict.code == grpc.StatusCode.ALREADY_EXISTS
+    assert isinstance(past, CycloneClientError) and past.code == grpc.StatusCode.INVALID_ARGUMENT
+    # Enqueue's wording, not EnqueueMany's ("jobs[3].deadline: ...").
+    assert past.message.startswith("deadline") and "jobs[" not in past.message
+    assert again == kept
+    made = [a for i, a in enumerate(answers) if i not in (7, 11, 13)]
+    assert all(isinstance(a, str) for a in made)
+    inputs = await inputs_of(db_url, made)
+    assert [inputs[r] for r in made] == [{"i": i} for i in range(40) if i not in (7, 11, 13)]
+    assert await run_count(db_url) == 1 + 37  # the kept run and the 37 others: nothing doubled
+
+
+async def test_a_batch_that_fails_as_a_whole_fails_every_caller_with_its_status(db_url: str) -> None:
+    counter = Counter()
+    tokens = TokenAuthInterceptor({"worker-token": ["worker"]})  # a worker's token may not submit
+    async with serving(db_url, counter, tokens) as server, \
+            Client(server.address, token="worker-token", enqueue_calls=1) as client:
+        answers = await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(20)),
+                                       return_exceptions=True)
+    assert counter.calls["EnqueueMany"] >= 1
+    assert all(isinstance(a, CycloneClientError) and a.code == grpc.StatusCode.PERMISSION_DENIED for a in answers)
+    # Not sent again one by one: every call the server saw was refused as a whole.
+    assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] < 20
+    assert await run_count(db_url) == 0
+
+
+async def test_a_caller_cancelled_while_its_job_waits_never_sends_it(db_url: str) -> None:
+    async with serving(db_url) as server, Client(server.address, enqueue_calls=1) as client:
+        await client.enqueue("warmup")  # the channel is up
+        first = asyncio.create_task(client.enqueue("email", {"n": "first"}))
+        await asyncio.sleep(0)  # the first call is on the wire: the one call allowed
+        waiting = asyncio.create_task(client.enqueue("email", {"n": "cancelled"}))
+        await asyncio.sleep(0)  # its job waits for the first call
+        waiting.cancel()
+        run_id = await first
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        after = await client.enqueue("email", {"n": "after"})
+    inputs = await inputs_of(db_url, [run_id, after])
+    assert inputs == {run_id: {"n": "first"}, after: {"n": "after"}}
+    assert await run_count(db_url) == 3
+
+
+async def test_jobs_of_different_trace_contexts_never_share_a_call(db_url: str) -> None:
+    trace = pytest.importorskip("opentelemetry.trace")
+    context = pytest.importorskip("opentelemetry.context")
+
+    def parent(n: int) -> str:
+        return f"00-{n + 1:032x}-{n + 1:016x}-01"
+
+    async def traced(n: int) -> str:
+        span = trace.NonRecordingSpan(trace.SpanContext(n + 1, n + 1, is_remote=True,
+                                                        trace_flags=trace.TraceFlags(1)))
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            return await client.enqueue("email", {"n": n})
+        finally:
+            context.detach(token)
+
+    async with serving(db_url) as server, Client(server.address, enqueue_calls=1) as client:
+        # Three contexts, ten jobs each, interleaved: each job must keep its caller's.
+        run_ids = await asyncio.gather(*(traced(i % 3) for i in range(30)))
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        rows = dict(await (await conn.execute(
+            "SELECT id::text, trace_context ->> 'traceparent' FROM cyclone_runs")).fetchall())
+    assert [rows[r] for r in run_ids] == [parent(i % 3) for i in range(30)]
