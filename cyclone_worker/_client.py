@@ -119,6 +119,10 @@ def _run_state(word: str) -> Any:  # a RunState value
 _REPEATABLE = frozenset({"GetRun", "GetSchedule", "GetStats", "GetWorkflow", "ListRuns", "ListSchedules",
                          "ListWorkers", "ListWorkflows", "WaitRun", "RegisterWorkflow"})
 
+# Statuses a call can end with that the server did not send: it may not have been reached.
+_NOT_AN_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                            grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
+
 
 class Client:
     """An async client of a Cyclone server.
@@ -133,12 +137,12 @@ class Client:
     and registering a workflow); any other call fails with UNAVAILABLE, as it may have been
     applied (give `enqueue` and `submit` an idempotency key to make them safe to repeat).
 
-    At most `enqueue_calls` `enqueue` calls of a Client are on the wire at once; the jobs
-    of the `enqueue` calls made meanwhile go together in one EnqueueMany call as soon as one
-    returns, and each caller still gets its own job's answer (a job the server refuses fails
-    only its own caller). A gRPC call costs far more than writing a job, so a service that
-    enqueues from many tasks at once goes several times faster. `enqueue_calls=0` sends
-    one Enqueue call per job.
+    At most `enqueue_calls` `enqueue` calls of a Client are on the wire at once per trace
+    context; the jobs of the `enqueue` calls made meanwhile go together in one EnqueueMany
+    call as soon as one returns, and each caller still gets its own job's answer (a job the
+    server refuses fails only its own caller). A gRPC call costs far more than writing a
+    job, so a service that enqueues from many tasks at once goes several times faster.
+    `enqueue_calls=0` sends one Enqueue call per job.
 
     Example::
 
@@ -163,7 +167,7 @@ class Client:
         # The channel's stubs, by stub class (cleared with the channel by close()): making
         # one makes a callable per method of its service, not to be paid on every call.
         self._stubs: dict[Any, Any] = {}
-        self._enqueues = Enqueues(self._runs_call, enqueue_calls)
+        self._enqueues = Enqueues(self._runs_call, enqueue_calls, lambda: self._reached)
 
     async def __aenter__(self) -> Client:
         self._open()
@@ -173,12 +177,14 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel (`async with` does it for you), once the enqueue calls on it returned."""
+        """Close the channel (`async with` does it for you). Calls in progress end with
+        CANCELLED, as do `enqueue` calls whose jobs wait to be sent."""
         await self._enqueues.close()
         if self._channel is not None:
             channel, self._channel = self._channel, None
             self._stubs.clear()
             await channel.close(None)
+        await self._enqueues.closed()
 
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -191,8 +197,8 @@ class Client:
             stub = self._stubs[stub_cls] = stub_cls(channel)
         return stub
 
-    async def _runs_call(self, method: str, request: Any, timeout: float, trace: Trace) -> Any:
-        return await self._call(runs_pb2_grpc.RunsStub, method, request, timeout, trace)
+    async def _runs_call(self, method: str, request: Any, trace: Trace) -> Any:
+        return await self._call(runs_pb2_grpc.RunsStub, method, request, trace=trace)
 
     async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None,
                     trace: Trace | None = None) -> Any:
@@ -218,6 +224,8 @@ class Client:
                                   wait_for_ready=self._reached)
                 break
             except grpc.aio.AioRpcError as e:
+                if e.code() not in _NOT_AN_ANSWER:
+                    self._reached = True  # refused, but by the server: it is there
                 if not self._reached and e.code() == grpc.StatusCode.UNAVAILABLE:
                     raise CycloneClientError(grpc.StatusCode.UNAVAILABLE,
                                              f"cannot reach {self.address}: {_unreachable(e.details() or '')}") from None
@@ -302,7 +310,7 @@ class Client:
                   backoff_max=backoff_max, max_reclaims=max_reclaims, attempt_timeout=attempt_timeout,
                   retention=retention)
         # The trace context is the caller's: the job may be sent by another task.
-        return await self._enqueues.enqueue(job.to_proto(), self._rpc_timeout, trace_metadata())
+        return await self._enqueues.enqueue(job.to_proto(), trace_metadata())
 
     async def enqueue_many(self, jobs: Iterable[Job]) -> list[str]:
         """Start up to 1000 standalone jobs in one call and one transaction (all or none);

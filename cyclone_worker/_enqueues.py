@@ -1,34 +1,44 @@
 """Client.enqueue for many concurrent callers: a few calls on the wire, the other jobs together.
 
-A gRPC call costs far more than a job's row work: on the 2-core machine of
-docs/benchmarks.md a bare grpc.aio unary call takes about 1 ms of CPU between client and
-server, while the server writes a job in well under 0.1 ms. A service that enqueues jobs one
-by one from many tasks would spend its time in the transport. So a Client has at most
-`limit` enqueue calls in flight; the jobs of the `enqueue` calls made meanwhile wait, and
-go together in one EnqueueMany as soon as a call returns. A call made while fewer are in
-flight goes at once, as an Enqueue: no timer, nothing added to a lone job's latency.
+A gRPC call costs far more than a job's row work: on the machines of docs/benchmarks.md
+one `Enqueue` call per job spent three times the bare call's CPU in the server, and the
+server writes a job in well under 0.1 ms. A service that enqueues jobs one by one from
+many tasks would spend its time in the transport. So a Client has at most `limit` enqueue
+calls in flight per trace context; the jobs of the `enqueue` calls made meanwhile wait,
+and go together in one EnqueueMany as soon as a call returns. A call made while fewer are
+in flight goes at once, as an Enqueue: no timer, nothing added to a lone job's latency.
 
 Each caller gets the answer it would have had alone:
 
-- A batch the server refuses (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED) wrote
-  nothing (EnqueueMany is all or none): its jobs go again, one Enqueue each, so that only
-  the refused job's caller gets the refusal, in Enqueue's words.
+- A batch the server refuses (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
+  UNIMPLEMENTED) wrote nothing (EnqueueMany is all or none). The refusal names the job
+  (`jobs[3]...`): the jobs before it go again together, the refused one alone, so that its
+  caller gets the refusal in Enqueue's words, and the rest together. A refusal that names
+  no job sends the jobs one by one. All of it within the batch's own call slot.
 - Any other failure (UNAVAILABLE, DEADLINE_EXCEEDED, UNAUTHENTICATED, ...) reaches every
   caller of the batch: its jobs share one transaction and so one fate, and a call that may
   have been applied is not made again (jobs without idempotency keys would be doubled).
-- Jobs go together only with jobs of the same trace context: the server keeps the call's
-  context with every run the call makes.
-- A batch's deadline is its oldest job's (each job's is `rpc_timeout` from its `enqueue`
-  call); a job whose deadline passed while it waited fails alone with DEADLINE_EXCEEDED.
-- A caller cancelled while its job waits takes the job out: it is never sent.
+- Trace contexts: each has its own calls and its own queue (`_Lane`), since the server
+  keeps the call's context with every run the call makes. Callers in spans of their own
+  (a span per request) share nothing and wait for nothing; the jobs of one span (a
+  handler that enqueues many) go together.
+- Each call has `rpc_timeout` from when it is sent, as a lone call has; a job waits before
+  that at most for a call in flight to return.
+- Until the server has answered once, every job goes in a call of its own, so that each
+  caller waits for the server (`wait_for_server`) and gets the "cannot reach" answer itself.
+- A caller cancelled while its job waits takes the job out: it is never sent. Cancelled
+  while its job is in a call, the job's fate is that call's, as for a lone call cut off;
+  it is not sent again after a refusal.
+- `close()` fails the jobs still waiting (CANCELLED) and waits for the senders.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -40,156 +50,170 @@ from cyclone_proto import runs_pb2
 MAX_JOBS = 1000
 # Request bytes per batch: one message stays moderate; a bigger job goes alone.
 MAX_BYTES = 1 << 20
-# Jobs of other trace contexts looked past for one batch, at most.
-SCAN_OTHERS = 256
-# Nothing was written: the server refused the call as a whole or one of its jobs.
+# Nothing was written: the server refused the call as a whole, or one of its jobs.
 _REFUSALS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS,
-                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+                       grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNIMPLEMENTED})
+# How EnqueueMany names the job it refused: "jobs[3].kind: ..." or "jobs[3]: ...".
+_JOB_INDEX = re.compile(r"^jobs\[(\d+)\][.:]")
 
 Trace = tuple[tuple[str, str], ...]
-# Client._call for the Runs service: (method, request, timeout, trace metadata) -> response.
-Call = Callable[[str, Any, float, Trace], Awaitable[Any]]
+# Client._call for the Runs service: (method, request, trace metadata) -> response.
+Call = Callable[[str, Any, Trace], Awaitable[Any]]
 
 
 @dataclass(slots=True)
 class _Waiting:
     request: runs_pb2.EnqueueRequest
-    trace: Trace
-    deadline: float  # loop time
     size: int
     future: asyncio.Future[str]
+    abandoned: bool = False  # its caller was cancelled: never send it (again)
+
+
+@dataclass(slots=True)
+class _Lane:
+    """The calls and the waiting jobs of one trace context."""
+    trace: Trace
+    in_flight: int = 0  # calls on the wire, sent by callers or by the sender
+    waiting: collections.deque[_Waiting] = field(default_factory=collections.deque)
+    sender: asyncio.Task[None] | None = None
 
 
 class Enqueues:
-    """The enqueue calls of one Client; `limit` 0 sends one Enqueue per job, without limit."""
+    """The enqueue calls of one Client; `limit` 0 sends one Enqueue per job, without limit.
 
-    def __init__(self, call: Call, limit: int) -> None:
-        if limit < 0:
-            raise ValueError(f"enqueue_calls: {limit!r} is not a number of calls >= 0")
+    `ready()` says whether the server has answered the client once (jobs go together only
+    then)."""
+
+    def __init__(self, call: Call, limit: int, ready: Callable[[], bool]) -> None:
+        if type(limit) is not int or limit < 0:
+            raise ValueError(f"enqueue_calls: {limit!r} is not a whole number of calls >= 0")
         self._call = call
         self.limit = limit
-        self._waiting: collections.deque[_Waiting] = collections.deque()
-        self._in_flight = 0  # calls on the wire, sent by callers or by senders
-        self._senders: set[asyncio.Task[None]] = set()
+        self._ready = ready
+        self._lanes: dict[Trace, _Lane] = {}
+        self._closing = False
 
-    async def enqueue(self, request: runs_pb2.EnqueueRequest, timeout: float, trace: Trace) -> str:
+    async def enqueue(self, request: runs_pb2.EnqueueRequest, trace: Trace) -> str:
         """The job's run id once it committed; errors as Enqueue's."""
-        if self.limit == 0:
-            return (await self._call("Enqueue", request, timeout, trace)).run_id
-        if self._in_flight < self.limit and not self._waiting:
-            self._in_flight += 1
+        if self.limit == 0 or not self._ready():
+            return (await self._call("Enqueue", request, trace)).run_id
+        lane = self._lanes.get(trace)
+        if lane is None:
+            lane = self._lanes[trace] = _Lane(trace)
+        if lane.in_flight < self.limit and not lane.waiting:
+            lane.in_flight += 1
             try:
-                return (await self._call("Enqueue", request, timeout, trace)).run_id
+                return (await self._call("Enqueue", request, trace)).run_id
             finally:
-                self._in_flight -= 1
-                self._start()
-        loop = asyncio.get_running_loop()
-        entry = _Waiting(request, trace, loop.time() + timeout, request.ByteSize(), loop.create_future())
+                lane.in_flight -= 1
+                self._next(lane)
+        if self._closing:
+            raise CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed")
+        entry = _Waiting(request, request.ByteSize(), asyncio.get_running_loop().create_future())
         entry.future.add_done_callback(_retrieve)
-        self._waiting.append(entry)
-        self._start()
+        lane.waiting.append(entry)
+        self._next(lane)
         try:
             return await asyncio.shield(entry.future)
         except asyncio.CancelledError:
-            # Not sent yet: never sent. Already in a call: its outcome is that call's, which
-            # this caller cannot learn, as when a lone call is cut off.
+            # Not sent yet: never sent. In a call: that call's fate, and never sent again.
+            entry.abandoned = True
             try:
-                self._waiting.remove(entry)
+                lane.waiting.remove(entry)
             except ValueError:
                 pass
+            self._drop_if_idle(lane)
             raise
 
     async def close(self) -> None:
-        """Wait for the calls that senders have on the wire (their callers wait for them)."""
-        await asyncio.gather(*self._senders, return_exceptions=True)
+        """Fail the jobs still waiting; the caller closes the channel (which ends the calls
+        on it), then awaits `closed()`."""
+        self._closing = True
+        for lane in list(self._lanes.values()):
+            waiting, lane.waiting = list(lane.waiting), collections.deque()
+            _fail(waiting, CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed"))
 
-    def _start(self) -> None:
-        """A sender for the waiting jobs, if a call may go now."""
-        if self._waiting and self._in_flight < self.limit:
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._send(), name="cyclone-enqueue-batch")
-            self._senders.add(task)
-            task.add_done_callback(self._senders.discard)
+    async def closed(self) -> None:
+        """Wait for the senders to end; the Client can be used again afterwards."""
+        senders = [lane.sender for lane in self._lanes.values() if lane.sender is not None]
+        await asyncio.gather(*senders, return_exceptions=True)
+        self._closing = False
 
-    async def _send(self) -> None:
+    def _next(self, lane: _Lane) -> None:
+        """A sender for the lane's waiting jobs, if a call may go now; else forget an idle lane."""
+        if lane.waiting and lane.sender is None and lane.in_flight < self.limit and not self._closing:
+            lane.in_flight += 1
+            lane.sender = asyncio.get_running_loop().create_task(self._send(lane), name="cyclone-enqueue-batch")
+        self._drop_if_idle(lane)
+
+    def _drop_if_idle(self, lane: _Lane) -> None:
+        if not lane.in_flight and not lane.waiting and self._lanes.get(lane.trace) is lane:
+            del self._lanes[lane.trace]
+
+    async def _send(self, lane: _Lane) -> None:
         try:
-            while self._waiting:
-                await self._send_batch(self._next_batch())
+            while lane.waiting and not self._closing:
+                await self._send_jobs(lane.trace, self._next_batch(lane))
         finally:
-            # No await between the last look at _waiting and this: a job queued after it
-            # finds the call slot free and starts a sender.
-            self._in_flight -= 1
+            # No await between the last look at the queue and this: a job queued after it
+            # finds no sender and starts one. A sender cancelled from outside leaves its
+            # queue to the next.
+            lane.in_flight -= 1
+            lane.sender = None
+            self._next(lane)
 
-    def _next_batch(self) -> list[_Waiting]:
-        """The oldest waiting job and those after it of the same trace context, within the limits."""
-        first = self._waiting.popleft()
-        batch, size, others = [first], first.size, []
-        while self._waiting and len(batch) < MAX_JOBS:
-            entry = self._waiting[0]
-            if entry.trace != first.trace:
-                if len(others) == SCAN_OTHERS:  # many contexts waiting: do not scan them all each time
-                    break
-                others.append(self._waiting.popleft())
-            elif size + entry.size > MAX_BYTES:
-                break
-            else:
-                size += entry.size
-                batch.append(self._waiting.popleft())
-        self._waiting.extendleft(reversed(others))
+    @staticmethod
+    def _next_batch(lane: _Lane) -> list[_Waiting]:
+        """The oldest waiting jobs, within the limits."""
+        first = lane.waiting.popleft()
+        batch, size = [first], first.size
+        while lane.waiting and len(batch) < MAX_JOBS and size + lane.waiting[0].size <= MAX_BYTES:
+            size += lane.waiting[0].size
+            batch.append(lane.waiting.popleft())
         return batch
 
-    async def _send_batch(self, batch: list[_Waiting]) -> None:
-        now = asyncio.get_running_loop().time()
-        live = []
-        for entry in batch:
-            if entry.future.done():
+    async def _send_jobs(self, trace: Trace, batch: list[_Waiting]) -> None:
+        """Send the jobs, each caller getting its own answer; one call at a time."""
+        parts = collections.deque([batch])
+        while parts:
+            part = [entry for entry in parts.popleft() if not entry.abandoned and not entry.future.done()]
+            if not part:
                 continue
-            if entry.deadline <= now:
-                entry.future.set_exception(CycloneClientError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                              "Deadline Exceeded (waiting to be sent)"))
-            else:
-                live.append(entry)
-        if not live:
-            return
-        if len(live) == 1:
-            await self._alone(live[0])
-            return
-        timeout = min(entry.deadline for entry in live) - now
-        try:
-            resp = await self._call("EnqueueMany", runs_pb2.EnqueueManyRequest(jobs=[e.request for e in live]),
-                                    timeout, live[0].trace)
-        except CycloneClientError as e:
-            if e.code in _REFUSALS:
-                await asyncio.gather(*(self._alone(entry) for entry in live))
-            else:
-                _fail(live, e)
-            return
-        except asyncio.CancelledError:
-            _fail(live, asyncio.CancelledError())
-            raise
-        except Exception as e:  # reaches the callers; the sender carries on with the next batch
-            _fail(live, e)
-            return
-        if len(resp.jobs) != len(live):
-            _fail(live, CycloneClientError(grpc.StatusCode.INTERNAL,
-                                           f"EnqueueMany answered {len(resp.jobs)} jobs for {len(live)}"))
-            return
-        for entry, job in zip(live, resp.jobs):
-            if not entry.future.done():
-                entry.future.set_result(job.run_id)
-
-    async def _alone(self, entry: _Waiting) -> None:
-        remaining = entry.deadline - asyncio.get_running_loop().time()
-        try:
-            run_id = (await self._call("Enqueue", entry.request, max(remaining, 0.001), entry.trace)).run_id
-        except asyncio.CancelledError:
-            _fail([entry], asyncio.CancelledError())
-            raise
-        except Exception as e:
-            _fail([entry], e)
-        else:
-            if not entry.future.done():
-                entry.future.set_result(run_id)
+            if self._closing:
+                _fail(part, CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed"))
+                continue
+            try:
+                if len(part) == 1:
+                    run_ids = [(await self._call("Enqueue", part[0].request, trace)).run_id]
+                else:
+                    request = runs_pb2.EnqueueManyRequest(jobs=[entry.request for entry in part])
+                    resp = await self._call("EnqueueMany", request, trace)
+                    run_ids = [job.run_id for job in resp.jobs]
+                    if len(run_ids) != len(part):
+                        raise CycloneClientError(grpc.StatusCode.INTERNAL,
+                                                 f"EnqueueMany answered {len(run_ids)} jobs for {len(part)}")
+            except CycloneClientError as e:
+                if e.code in _REFUSALS and len(part) > 1:  # nothing written: find the refused job
+                    match = _JOB_INDEX.match(e.message)
+                    i = int(match.group(1)) if match else None
+                    if i is None or i >= len(part):
+                        parts.extendleft(reversed([[entry] for entry in part]))
+                    else:
+                        parts.extendleft(reversed([part[:i], [part[i]], part[i + 1:]]))
+                else:
+                    _fail(part, e)
+                continue
+            except asyncio.CancelledError:
+                _fail(part, asyncio.CancelledError())
+                for rest in parts:
+                    _fail(rest, asyncio.CancelledError())
+                raise
+            except Exception as e:  # reaches the callers; the sender carries on with the next batch
+                _fail(part, e)
+                continue
+            for entry, run_id in zip(part, run_ids):
+                if not entry.future.done():
+                    entry.future.set_result(run_id)
 
 
 def _fail(entries: list[_Waiting], error: BaseException) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
 from datetime import datetime, timedelta, timezone
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,8 +35,9 @@ class Counter(grpc.aio.ServerInterceptor):
 
 
 @contextlib.asynccontextmanager
-async def serving(db_url: str, *interceptors: grpc.aio.ServerInterceptor) -> AsyncIterator[CycloneServer]:
-    server = CycloneServer(Settings(database_url=db_url, listen="127.0.0.1:0", migrate=False,
+async def serving(db_url: str, *interceptors: grpc.aio.ServerInterceptor,
+                  listen: str = "127.0.0.1:0") -> AsyncIterator[CycloneServer]:
+    server = CycloneServer(Settings(database_url=db_url, listen=listen, migrate=False,
                                     interceptors=list(interceptors)))
     await server.start()
     try:
@@ -59,12 +61,14 @@ async def run_count(db_url: str) -> int:
 async def test_concurrent_enqueues_share_calls_and_each_caller_gets_its_own_job(db_url: str) -> None:
     counter = Counter()
     async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=2) as client:
+        await client.enqueue("warmup")  # jobs go together once the server has answered
+        counter.calls.clear()
         run_ids = await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(300)))
     assert len(set(run_ids)) == 300
     # Each caller's run holds that caller's input.
     inputs = await inputs_of(db_url, run_ids)
     assert [inputs[r] for r in run_ids] == [{"i": i} for i in range(300)]
-    assert await run_count(db_url) == 300
+    assert await run_count(db_url) == 301
     # Two calls went alone; the other jobs waited for them and went together.
     assert counter.calls["EnqueueMany"] >= 1
     assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] < 30
@@ -81,40 +85,89 @@ async def test_enqueues_made_one_after_another_go_one_call_each(db_url: str) -> 
 async def test_enqueue_calls_zero_sends_one_enqueue_per_job(db_url: str) -> None:
     counter = Counter()
     async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=0) as client:
+        await client.enqueue("warmup")
         await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(40)))
-    assert counter.calls["Enqueue"] == 40 and counter.calls["EnqueueMany"] == 0
+    assert counter.calls["Enqueue"] == 41 and counter.calls["EnqueueMany"] == 0
 
 
-async def test_a_refused_job_fails_only_its_own_caller_in_enqueues_words(db_url: str) -> None:
+@pytest.mark.parametrize("calls", [-1, 1.5, True, "2"])
+async def test_enqueue_calls_must_be_a_whole_number(calls: Any) -> None:
+    with pytest.raises(ValueError, match="enqueue_calls"):
+        Client("127.0.0.1:1", enqueue_calls=calls)
+
+
+async def test_until_the_server_answered_every_job_goes_in_a_call_of_its_own(db_url: str) -> None:
+    # Each caller waits for a server that is still starting, with the whole rpc_timeout of
+    # its own call once the server is there, and none waits for another's call.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    counter = Counter()
+    async with Client(f"127.0.0.1:{port}", enqueue_calls=1, wait_for_server=30, rpc_timeout=1) as client:
+        calls = asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(6)))
+        await asyncio.sleep(1.2)  # the server starts later than rpc_timeout
+        async with serving(db_url, counter, listen=f"127.0.0.1:{port}"):
+            run_ids = await calls
+    assert len(set(run_ids)) == 6
+    assert counter.calls["Enqueue"] == 6 and counter.calls["EnqueueMany"] == 0
+
+
+async def test_a_job_refused_by_the_database_fails_only_its_own_caller(db_url: str) -> None:
     counter = Counter()
     async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=1) as client:
         kept = await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
+        counter.calls.clear()
 
         async def one(i: int) -> str | CycloneClientError:
             try:
-                if i == 7:  # the key belongs to a run made by a different request
+                if i == 17:  # the key belongs to a run made by a different request
                     return await client.enqueue("email", {"to": "bob"}, idempotency_key="k1")
-                if i == 11:  # a deadline already past
-                    return await client.enqueue("email", {"i": i}, deadline=datetime.now(timezone.utc) - timedelta(seconds=5))
-                if i == 13:  # the same request as the kept run: its run, not a new one
+                if i == 23:  # the same request as the kept run: its run, not a new one
                     return await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
                 return await client.enqueue("email", {"i": i})
             except CycloneClientError as e:
                 return e
 
         answers = await asyncio.gather(*(one(i) for i in range(40)))
-    assert counter.calls["EnqueueMany"] >= 1  # the jobs did go together, and were refused together
-    conflict, past, again = answers[7], answers[11], answers[13]
+    conflict = answers[17]
     assert isinstance(conflict, CycloneClientError) and conflict.code == grpc.StatusCode.ALREADY_EXISTS
+    assert "jobs[" not in conflict.message  # Enqueue's words, not EnqueueMany's
+    assert answers[23] == kept
+    made = [a for i, a in enumerate(answers) if i not in (17, 23)]
+    assert all(isinstance(a, str) for a in made)
+    inputs = await inputs_of(db_url, made)
+    assert [inputs[r] for r in made] == [{"i": i} for i in range(40) if i not in (17, 23)]
+    assert await run_count(db_url) == 1 + 38  # the kept run and the 38 others: nothing doubled
+    # The batch was refused, written again around the refused job, not one call per job:
+    # one alone, the refused batch, the jobs before the refused one, it, the jobs after.
+    assert counter.calls["EnqueueMany"] >= 2
+    assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] <= 6
+
+
+async def test_a_job_refused_on_reading_fails_only_its_own_caller_in_enqueues_words(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=1) as client:
+        await client.enqueue("warmup")
+        counter.calls.clear()
+
+        async def one(i: int) -> str | CycloneClientError:
+            try:
+                if i == 11:  # a deadline already past
+                    return await client.enqueue("email", {"i": i},
+                                                deadline=datetime.now(timezone.utc) - timedelta(seconds=5))
+                return await client.enqueue("email", {"i": i})
+            except CycloneClientError as e:
+                return e
+
+        answers = await asyncio.gather(*(one(i) for i in range(40)))
+    past = answers[11]
     assert isinstance(past, CycloneClientError) and past.code == grpc.StatusCode.INVALID_ARGUMENT
     # Enqueue's wording, not EnqueueMany's ("jobs[3].deadline: ...").
     assert past.message.startswith("deadline") and "jobs[" not in past.message
-    assert again == kept
-    made = [a for i, a in enumerate(answers) if i not in (7, 11, 13)]
-    assert all(isinstance(a, str) for a in made)
-    inputs = await inputs_of(db_url, made)
-    assert [inputs[r] for r in made] == [{"i": i} for i in range(40) if i not in (7, 11, 13)]
-    assert await run_count(db_url) == 1 + 37  # the kept run and the 37 others: nothing doubled
+    assert all(isinstance(a, str) for i, a in enumerate(answers) if i != 11)
+    assert await run_count(db_url) == 1 + 39
+    assert counter.calls["EnqueueMany"] >= 2
+    assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] <= 6
 
 
 async def test_a_batch_that_fails_as_a_whole_fails_every_caller_with_its_status(db_url: str) -> None:
@@ -122,6 +175,9 @@ async def test_a_batch_that_fails_as_a_whole_fails_every_caller_with_its_status(
     tokens = TokenAuthInterceptor({"worker-token": ["worker"]})  # a worker's token may not submit
     async with serving(db_url, counter, tokens) as server, \
             Client(server.address, token="worker-token", enqueue_calls=1) as client:
+        with pytest.raises(CycloneClientError):  # the server answers (refusing): jobs go together now
+            await client.enqueue("email")
+        counter.calls.clear()
         answers = await asyncio.gather(*(client.enqueue("email", {"i": i}) for i in range(20)),
                                        return_exceptions=True)
     assert counter.calls["EnqueueMany"] >= 1
@@ -148,6 +204,29 @@ async def test_a_caller_cancelled_while_its_job_waits_never_sends_it(db_url: str
     assert await run_count(db_url) == 3
 
 
+async def test_close_fails_the_waiting_jobs_and_sends_nothing_after(db_url: str) -> None:
+    counter = Counter()
+    async with serving(db_url, counter) as server:
+        client = Client(server.address, enqueue_calls=1)
+        await client.enqueue("warmup")
+        first = asyncio.create_task(client.enqueue("email", {"n": "first"}))
+        await asyncio.sleep(0)  # on the wire
+        waiting = [asyncio.create_task(client.enqueue("email", {"n": i})) for i in range(4)]
+        await asyncio.sleep(0)  # queued behind it
+        await client.close()
+        outcomes = await asyncio.gather(first, *waiting, return_exceptions=True)
+        for outcome in outcomes[1:]:
+            assert isinstance(outcome, CycloneClientError) and outcome.code == grpc.StatusCode.CANCELLED
+            assert "closed" in outcome.message
+        assert counter.calls["EnqueueMany"] == 0
+        made = 1 + isinstance(outcomes[0], str)  # the first call may have been answered before the close
+        assert await run_count(db_url) == made
+        # A closed client used again opens a new channel.
+        await client.enqueue("again")
+        await client.close()
+    assert await run_count(db_url) == made + 1
+
+
 async def test_jobs_of_different_trace_contexts_never_share_a_call(db_url: str) -> None:
     trace = pytest.importorskip("opentelemetry.trace")
     context = pytest.importorskip("opentelemetry.context")
@@ -164,10 +243,18 @@ async def test_jobs_of_different_trace_contexts_never_share_a_call(db_url: str) 
         finally:
             context.detach(token)
 
-    async with serving(db_url) as server, Client(server.address, enqueue_calls=1) as client:
+    counter = Counter()
+    async with serving(db_url, counter) as server, Client(server.address, enqueue_calls=1) as client:
+        await client.enqueue("warmup")
         # Three contexts, ten jobs each, interleaved: each job must keep its caller's.
         run_ids = await asyncio.gather(*(traced(i % 3) for i in range(30)))
+        assert counter.calls["EnqueueMany"] >= 1  # the jobs of one context did go together
+        counter.calls.clear()
+        # A context per caller (a span per request): none shares, so none waits for another.
+        alone = await asyncio.gather(*(traced(100 + i) for i in range(20)))
+        assert counter.calls["Enqueue"] == 20 and counter.calls["EnqueueMany"] == 0
     async with await psycopg.AsyncConnection.connect(db_url) as conn:
         rows = dict(await (await conn.execute(
             "SELECT id::text, trace_context ->> 'traceparent' FROM cyclone_runs")).fetchall())
     assert [rows[r] for r in run_ids] == [parent(i % 3) for i in range(30)]
+    assert [rows[r] for r in alone] == [parent(100 + i) for i in range(20)]
