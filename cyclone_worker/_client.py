@@ -180,11 +180,13 @@ class Client:
         """Close the channel (`async with` does it for you). Calls in progress end with
         CANCELLED, as do `enqueue` calls whose jobs wait to be sent."""
         await self._enqueues.close()
-        if self._channel is not None:
-            channel, self._channel = self._channel, None
-            self._stubs.clear()
-            await channel.close(None)
-        await self._enqueues.closed()
+        try:
+            if self._channel is not None:
+                channel, self._channel = self._channel, None
+                self._stubs.clear()
+                await channel.close(None)
+        finally:
+            await self._enqueues.closed()
 
     def _open(self) -> grpc.aio.Channel:
         if self._channel is None:
@@ -223,6 +225,12 @@ class Client:
                                   metadata=self._metadata + (trace_metadata() if trace is None else trace),
                                   wait_for_ready=self._reached)
                 break
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling() == 0:
+                    # Not this task that was cancelled, but its call: close() closed the channel.
+                    raise CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed") from None
+                raise
             except grpc.aio.AioRpcError as e:
                 if e.code() not in _NOT_AN_ANSWER:
                     self._reached = True  # refused, but by the server: it is there

@@ -12,9 +12,10 @@ Each caller gets the answer it would have had alone:
 
 - A batch the server refuses (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
   UNIMPLEMENTED) wrote nothing (EnqueueMany is all or none). The refusal names the job
-  (`jobs[3]...`): the jobs before it go again together, the refused one alone, so that its
-  caller gets the refusal in Enqueue's words, and the rest together. A refusal that names
-  no job sends the jobs one by one. All of it within the batch's own call slot.
+  (`jobs[3]...`): the refused one goes alone, so that its caller gets the refusal in
+  Enqueue's words, and the others go back to the head of the queue, to go together again.
+  A refusal that names no job halves the batch until the refused job is alone; after an
+  UNIMPLEMENTED (a server without EnqueueMany) every job goes alone.
 - Any other failure (UNAVAILABLE, DEADLINE_EXCEEDED, UNAUTHENTICATED, ...) reaches every
   caller of the batch: its jobs share one transaction and so one fate, and a call that may
   have been applied is not made again (jobs without idempotency keys would be doubled).
@@ -29,7 +30,9 @@ Each caller gets the answer it would have had alone:
 - A caller cancelled while its job waits takes the job out: it is never sent. Cancelled
   while its job is in a call, the job's fate is that call's, as for a lone call cut off;
   it is not sent again after a refusal.
-- `close()` fails the jobs still waiting (CANCELLED) and waits for the senders.
+- `close()` fails the jobs still waiting (CANCELLED) and waits for the senders; a call
+  that the closed channel cut off ends in CANCELLED too (Client._call), not in a bare
+  CancelledError of a task nobody cancelled.
 """
 
 from __future__ import annotations
@@ -65,17 +68,15 @@ Call = Callable[[str, Any, Trace], Awaitable[Any]]
 class _Waiting:
     request: runs_pb2.EnqueueRequest
     size: int
-    future: asyncio.Future[str]
-    abandoned: bool = False  # its caller was cancelled: never send it (again)
+    future: asyncio.Future[str]  # cancelled with its caller: then never sent (again)
 
 
 @dataclass(slots=True)
 class _Lane:
     """The calls and the waiting jobs of one trace context."""
     trace: Trace
-    in_flight: int = 0  # calls on the wire, sent by callers or by the sender
+    in_flight: int = 0  # calls on the wire, sent by callers or by senders
     waiting: collections.deque[_Waiting] = field(default_factory=collections.deque)
-    sender: asyncio.Task[None] | None = None
 
 
 class Enqueues:
@@ -91,11 +92,15 @@ class Enqueues:
         self.limit = limit
         self._ready = ready
         self._lanes: dict[Trace, _Lane] = {}
+        self._senders: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._many_unimplemented = False  # the server has no EnqueueMany: every job alone
 
     async def enqueue(self, request: runs_pb2.EnqueueRequest, trace: Trace) -> str:
         """The job's run id once it committed; errors as Enqueue's."""
-        if self.limit == 0 or not self._ready():
+        if self._closing:
+            raise CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed")
+        if self.limit == 0 or not self._ready() or self._many_unimplemented:
             return (await self._call("Enqueue", request, trace)).run_id
         lane = self._lanes.get(trace)
         if lane is None:
@@ -107,17 +112,16 @@ class Enqueues:
             finally:
                 lane.in_flight -= 1
                 self._next(lane)
-        if self._closing:
-            raise CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed")
         entry = _Waiting(request, request.ByteSize(), asyncio.get_running_loop().create_future())
         entry.future.add_done_callback(_retrieve)
         lane.waiting.append(entry)
         self._next(lane)
         try:
-            return await asyncio.shield(entry.future)
+            # Not shielded: cancelling the caller cancels the future at once, so no sender
+            # takes the job after that, even in the same turn of the loop.
+            return await entry.future
         except asyncio.CancelledError:
             # Not sent yet: never sent. In a call: that call's fate, and never sent again.
-            entry.abandoned = True
             try:
                 lane.waiting.remove(entry)
             except ValueError:
@@ -135,32 +139,36 @@ class Enqueues:
 
     async def closed(self) -> None:
         """Wait for the senders to end; the Client can be used again afterwards."""
-        senders = [lane.sender for lane in self._lanes.values() if lane.sender is not None]
-        await asyncio.gather(*senders, return_exceptions=True)
-        self._closing = False
+        try:
+            await asyncio.gather(*self._senders, return_exceptions=True)
+        finally:
+            self._closing = False
 
     def _next(self, lane: _Lane) -> None:
-        """A sender for the lane's waiting jobs, if a call may go now; else forget an idle lane."""
-        if lane.waiting and lane.sender is None and lane.in_flight < self.limit and not self._closing:
+        """Senders for the lane's waiting jobs while a call may go; else forget an idle lane."""
+        while lane.waiting and lane.in_flight < self.limit and not self._closing:
             lane.in_flight += 1
-            lane.sender = asyncio.get_running_loop().create_task(self._send(lane), name="cyclone-enqueue-batch")
+            task = asyncio.get_running_loop().create_task(self._send(lane), name="cyclone-enqueue-batch")
+            self._senders.add(task)
+            # The bookkeeping is the task's done callback, not a `finally`: a task cancelled
+            # before its first step never runs its body, and must still give back its slot.
+            task.add_done_callback(lambda t, lane=lane: self._sender_done(lane, t))
         self._drop_if_idle(lane)
+
+    def _sender_done(self, lane: _Lane, task: asyncio.Task[None]) -> None:
+        self._senders.discard(task)
+        lane.in_flight -= 1  # (a lane is forgotten only with nothing in flight: it is still the trace's)
+        self._next(lane)
 
     def _drop_if_idle(self, lane: _Lane) -> None:
         if not lane.in_flight and not lane.waiting and self._lanes.get(lane.trace) is lane:
             del self._lanes[lane.trace]
 
     async def _send(self, lane: _Lane) -> None:
-        try:
-            while lane.waiting and not self._closing:
-                await self._send_jobs(lane.trace, self._next_batch(lane))
-        finally:
-            # No await between the last look at the queue and this: a job queued after it
-            # finds no sender and starts one. A sender cancelled from outside leaves its
-            # queue to the next.
-            lane.in_flight -= 1
-            lane.sender = None
-            self._next(lane)
+        # No await between the last look at the queue and the task's end (its done
+        # callback gives the slot back and starts a sender for jobs queued meanwhile).
+        while lane.waiting and not self._closing:
+            await self._send_jobs(lane, self._next_batch(lane))
 
     @staticmethod
     def _next_batch(lane: _Lane) -> list[_Waiting]:
@@ -172,48 +180,70 @@ class Enqueues:
             batch.append(lane.waiting.popleft())
         return batch
 
-    async def _send_jobs(self, trace: Trace, batch: list[_Waiting]) -> None:
-        """Send the jobs, each caller getting its own answer; one call at a time."""
-        parts = collections.deque([batch])
-        while parts:
-            part = [entry for entry in parts.popleft() if not entry.abandoned and not entry.future.done()]
-            if not part:
-                continue
-            if self._closing:
-                _fail(part, CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed"))
-                continue
-            try:
-                if len(part) == 1:
-                    run_ids = [(await self._call("Enqueue", part[0].request, trace)).run_id]
-                else:
-                    request = runs_pb2.EnqueueManyRequest(jobs=[entry.request for entry in part])
-                    resp = await self._call("EnqueueMany", request, trace)
-                    run_ids = [job.run_id for job in resp.jobs]
-                    if len(run_ids) != len(part):
-                        raise CycloneClientError(grpc.StatusCode.INTERNAL,
-                                                 f"EnqueueMany answered {len(run_ids)} jobs for {len(part)}")
-            except CycloneClientError as e:
-                if e.code in _REFUSALS and len(part) > 1:  # nothing written: find the refused job
-                    match = _JOB_INDEX.match(e.message)
-                    i = int(match.group(1)) if match else None
-                    if i is None or i >= len(part):
-                        parts.extendleft(reversed([[entry] for entry in part]))
-                    else:
-                        parts.extendleft(reversed([part[:i], [part[i]], part[i + 1:]]))
-                else:
-                    _fail(part, e)
-                continue
-            except asyncio.CancelledError:
-                _fail(part, asyncio.CancelledError())
-                for rest in parts:
-                    _fail(rest, asyncio.CancelledError())
-                raise
-            except Exception as e:  # reaches the callers; the sender carries on with the next batch
+    async def _send_jobs(self, lane: _Lane, part: list[_Waiting]) -> None:
+        """Send the jobs in one call, each caller getting its own answer."""
+        part = [entry for entry in part if not entry.future.done()]  # not those of cancelled callers
+        if not part:
+            return
+        if self._closing:
+            _fail(part, CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed"))
+            return
+        try:
+            if self._many_unimplemented:  # as with enqueue_calls=0: every waiting job, at once
+                part += lane.waiting
+                lane.waiting.clear()
+                await asyncio.gather(*(self._alone(lane.trace, e) for e in part if not e.future.done()))
+                return
+            if len(part) == 1:
+                await self._alone(lane.trace, part[0])
+                return
+            request = runs_pb2.EnqueueManyRequest(jobs=[entry.request for entry in part])
+            resp = await self._call("EnqueueMany", request, lane.trace)
+            run_ids = [job.run_id for job in resp.jobs]
+            if len(run_ids) != len(part):
+                raise CycloneClientError(grpc.StatusCode.INTERNAL,
+                                         f"EnqueueMany answered {len(run_ids)} jobs for {len(part)}")
+        except CycloneClientError as e:
+            if e.code not in _REFUSALS:
                 _fail(part, e)
-                continue
-            for entry, run_id in zip(part, run_ids):
-                if not entry.future.done():
-                    entry.future.set_result(run_id)
+                return
+            # Nothing was written. The refused job goes alone, so that its caller gets
+            # Enqueue's answer; the others go back to the head of the queue, to go again
+            # together (with newer jobs) once this call slot is free.
+            if e.code == grpc.StatusCode.UNIMPLEMENTED:
+                self._many_unimplemented = True
+            match = _JOB_INDEX.match(e.message)
+            i = int(match.group(1)) if match else None
+            if i is not None and i < len(part):
+                lane.waiting.extendleft(reversed(part[:i] + part[i + 1:]))
+                if not part[i].future.done():
+                    await self._alone(lane.trace, part[i])
+            else:  # no job named: halve the batch until the refused job is alone
+                half = len(part) // 2
+                lane.waiting.extendleft(reversed(part[half:]))
+                await self._send_jobs(lane, part[:half])
+            return
+        except asyncio.CancelledError:
+            _fail(part, asyncio.CancelledError())
+            raise
+        except Exception as e:  # reaches the callers; the sender carries on with the next batch
+            _fail(part, e)
+            return
+        for entry, run_id in zip(part, run_ids):
+            if not entry.future.done():
+                entry.future.set_result(run_id)
+
+    async def _alone(self, trace: Trace, entry: _Waiting) -> None:
+        try:
+            run_id = (await self._call("Enqueue", entry.request, trace)).run_id
+        except asyncio.CancelledError:
+            _fail([entry], asyncio.CancelledError())
+            raise
+        except Exception as e:
+            _fail([entry], e)
+        else:
+            if not entry.future.done():
+                entry.future.set_result(run_id)
 
 
 def _fail(entries: list[_Waiting], error: BaseException) -> None:
