@@ -11,7 +11,7 @@ import collections
 import contextlib
 import socket
 from datetime import datetime, timedelta, timezone
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -51,6 +51,14 @@ async def inputs_of(db_url: str, run_ids: list[str]) -> dict[str, Any]:
         rows = await (await conn.execute("SELECT id::text, input FROM cyclone_runs WHERE id = ANY(%s::uuid[])",
                                           (run_ids,))).fetchall()
     return dict(rows)
+
+
+async def answer_of(call: Awaitable[str]) -> str | CycloneClientError:
+    """The run id, or the error the call raised."""
+    try:
+        return await call
+    except CycloneClientError as e:
+        return e
 
 
 async def run_count(db_url: str) -> int:
@@ -118,17 +126,14 @@ async def test_a_job_refused_by_the_database_fails_only_its_own_caller(db_url: s
         kept = await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
         counter.calls.clear()
 
-        async def one(i: int) -> str | CycloneClientError:
-            try:
-                if i == 17:  # the key belongs to a run made by a different request
-                    return await client.enqueue("email", {"to": "bob"}, idempotency_key="k1")
-                if i == 23:  # the same request as the kept run: its run, not a new one
-                    return await client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
-                return await client.enqueue("email", {"i": i})
-            except CycloneClientError as e:
-                return e
+        def job(i: int) -> Awaitable[str]:
+            if i == 17:  # the key belongs to a run made by a different request
+                return client.enqueue("email", {"to": "bob"}, idempotency_key="k1")
+            if i == 23:  # the same request as the kept run: its run, not a new one
+                return client.enqueue("email", {"to": "ada"}, idempotency_key="k1")
+            return client.enqueue("email", {"i": i})
 
-        answers = await asyncio.gather(*(one(i) for i in range(40)))
+        answers = await asyncio.gather(*(answer_of(job(i)) for i in range(40)))
     conflict = answers[17]
     assert isinstance(conflict, CycloneClientError) and conflict.code == grpc.StatusCode.ALREADY_EXISTS
     assert "jobs[" not in conflict.message  # Enqueue's words, not EnqueueMany's
@@ -138,8 +143,8 @@ async def test_a_job_refused_by_the_database_fails_only_its_own_caller(db_url: s
     inputs = await inputs_of(db_url, made)
     assert [inputs[r] for r in made] == [{"i": i} for i in range(40) if i not in (17, 23)]
     assert await run_count(db_url) == 1 + 38  # the kept run and the 38 others: nothing doubled
-    # The batch was refused, written again around the refused job, not one call per job:
-    # one alone, the refused batch, the jobs before the refused one, it, the jobs after.
+    # The batch was refused and written again around the refused job, not one call per
+    # job: the first job alone, the refused batch, the refused job alone, the others again.
     assert counter.calls["EnqueueMany"] >= 2
     assert counter.calls["Enqueue"] + counter.calls["EnqueueMany"] <= 6
 
@@ -150,16 +155,12 @@ async def test_a_job_refused_on_reading_fails_only_its_own_caller_in_enqueues_wo
         await client.enqueue("warmup")
         counter.calls.clear()
 
-        async def one(i: int) -> str | CycloneClientError:
-            try:
-                if i == 11:  # a deadline already past
-                    return await client.enqueue("email", {"i": i},
-                                                deadline=datetime.now(timezone.utc) - timedelta(seconds=5))
-                return await client.enqueue("email", {"i": i})
-            except CycloneClientError as e:
-                return e
+        def job(i: int) -> Awaitable[str]:
+            if i == 11:  # a deadline already past
+                return client.enqueue("email", {"i": i}, deadline=datetime.now(timezone.utc) - timedelta(seconds=5))
+            return client.enqueue("email", {"i": i})
 
-        answers = await asyncio.gather(*(one(i) for i in range(40)))
+        answers = await asyncio.gather(*(answer_of(job(i)) for i in range(40)))
     past = answers[11]
     assert isinstance(past, CycloneClientError) and past.code == grpc.StatusCode.INVALID_ARGUMENT
     # Enqueue's wording, not EnqueueMany's ("jobs[3].deadline: ...").
