@@ -179,7 +179,7 @@ class Client:
     async def close(self) -> None:
         """Close the channel (`async with` does it for you). Calls in progress end with
         CANCELLED, as do `enqueue` calls whose jobs wait to be sent."""
-        await self._enqueues.close()
+        self._enqueues.close()
         try:
             if self._channel is not None:
                 channel, self._channel = self._channel, None

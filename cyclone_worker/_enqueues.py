@@ -129,7 +129,7 @@ class Enqueues:
             self._drop_if_idle(lane)
             raise
 
-    async def close(self) -> None:
+    def close(self) -> None:
         """Fail the jobs still waiting; the caller closes the channel (which ends the calls
         on it), then awaits `closed()`."""
         self._closing = True
