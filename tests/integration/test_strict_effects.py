@@ -1,12 +1,13 @@
 """Strict edges of the engine (DECISIONS 3b): the backoff's first delay, one status per result,
 the effects of an action visible when its call returns, messages never refused for their text,
-and the dispatcher's wake-up at the next due time."""
+and the dispatcher's wake-up at the next due time and its pace for a worker it caught up with."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import random
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -91,7 +92,7 @@ async def test_a_signal_that_completes_a_child_run_settles_its_parent_node(engin
 async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when_none_is(engine: Engine) -> None:
     conn = WorkerConn(worker_id="w1", kinds=["later", "other"], slots=4)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats)
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0)  # passes back to back
     assert await dispatcher._pass() is None  # nothing available, nothing due: no timer at all
     await engine.enqueue("later", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=5))
     await engine.enqueue("other", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=2))
@@ -103,6 +104,60 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     # A worker without free slots asks for nothing.
     conn.slots = 1
     assert await dispatcher._pass() is None
+
+
+async def test_a_worker_whose_kind_a_claim_found_empty_is_claimed_for_again_only_after_its_pace(
+        engine: Engine) -> None:
+    """Jobs that come while a caught-up worker's pace runs go to it together, in one claim;
+    a worker with a backlog is never paced."""
+    idle = WorkerConn(worker_id="idle", kinds=["trickle"], slots=8)
+    busy = WorkerConn(worker_id="busy", kinds=["backlog"], slots=2)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [idle, busy], lease_ttl=30, stats=stats, claim_pace=60)
+    await engine.enqueue_many([Job("backlog", input=i) for i in range(6)])
+    await engine.enqueue("trickle", input=0)
+    assert await dispatcher._pass() is None  # nothing due, and no worker was passed over
+    assert (len(idle.held), len(busy.held)) == (1, 2)
+    assert idle.paced_until > time.monotonic() + 50 and busy.paced_until == 0.0  # 1 of 8 rows; 2 of 2
+    for i in range(1, 4):
+        await engine.enqueue("trickle", input=i)
+    busy.held.clear()  # its two results came: both slots free
+    wait = await dispatcher._pass()
+    assert wait is not None and 50 < wait <= 60  # the pass for the idle worker is owed at its pace's end
+    assert (len(idle.held), len(busy.held)) == (1, 2)  # the busy worker was served at once
+    idle.paced_until = time.monotonic()  # its pace is over
+    before = stats["claims"]["trickle"]
+    await dispatcher._pass()
+    assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
+
+
+async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_without_another_wake(
+        engine: Engine) -> None:
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0.5)
+    task_ = asyncio.create_task(dispatcher.run())
+    try:
+        await engine.enqueue("trickle", input=1)
+        dispatcher.wake()
+        await until(lambda: len(conn.held) == 1, "the first job's lease")
+        paced_until = conn.paced_until
+        assert paced_until > 0.0  # the claim asked for 4 and got 1
+        await engine.enqueue("trickle", input=2)
+        dispatcher.wake()  # the pass this starts passes the worker over, and owes it one
+        # Well before IDLE_POLL (10 s), the dispatcher's look for a lost wake-up.
+        await until(lambda: len(conn.held) == 2, "the second job's lease", deadline=5.0)
+        assert time.monotonic() >= paced_until
+    finally:
+        await dispatcher.stop()
+        await task_
+
+
+async def until(cond, what: str, deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 async def test_a_mixed_batch_gets_the_per_result_statuses_of_the_set_based_and_the_per_step_paths(
