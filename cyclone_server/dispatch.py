@@ -38,9 +38,10 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
-# A worker whose kinds a claim found empty is claimed for again no sooner than this many
-# seconds after that claim (WorkerConn.paced_until): under a stream of new jobs, claims of
-# a few rows each became most of the work per job.
+# A worker for whom a claim got some rows but fewer than it asked for (new jobs trickle
+# in) is claimed for again no sooner than this many seconds after that claim
+# (WorkerConn.paced_until): under a stream of new jobs, claims of a few rows each had
+# become most of the work per job.
 CLAIM_PACE = 0.01
 MIN_PACE_WAIT = 0.001
 # After a zero-delay snooze, a worker gets no lease until its next message (the server
@@ -107,7 +108,7 @@ class WorkerConn:
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
-    paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (CLAIM_PACE)
+    paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -414,16 +415,18 @@ class Dispatcher:
                 return
 
     async def _pass(self) -> float | None:
-        """Claim for every worker with free slots, but not yet again for one whose kinds a
-        claim found empty less than `claim_pace` ago; returns how long until the next pass:
-        until the next step of a kind they ran out of becomes due, or a worker passed over
-        for its pace may be claimed for (None: neither).
+        """Claim for every worker with free slots, but not yet again for one paced by a
+        claim less than `claim_pace` ago; returns how long until the next pass: until the
+        next step of a kind they ran out of becomes due, or a worker passed over for its
+        pace may be claimed for (None: neither).
 
-        The pace is for a stream of new jobs: each pass would claim the few that came since
-        the last, and the claims, their commits and the small result batches that follow
-        them became most of the work per job (docs/benchmarks.md, ninth pass). A worker
-        with a backlog gets every row it asks for and is never paced; a job enqueued alone
-        for a worker with free slots is still claimed in its Enqueue's own transaction
+        A claim that gets some rows but fewer than it asked for paces its worker: new jobs
+        are coming in, and each pass would claim the few that came since the last. Those
+        claims, their commits and the small result batches that follow them had become
+        most of the work per job (docs/benchmarks.md, ninth pass). A worker with a backlog
+        gets every row it asks for, and a claim that finds nothing (a slot freed while the
+        queue is empty) has no stream to wait for: neither paces. A job enqueued alone for
+        a worker with free slots is still claimed in its Enqueue's own transaction
         (enqueue). A pace delays a lease by at most `claim_pace`, well within the 50 ms in
         which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
@@ -439,7 +442,6 @@ class Dispatcher:
                 if want <= 0:
                     continue
                 if not kinds:  # a claim of this pass found every one of them empty
-                    conn.paced_until = began + self.claim_pace
                     continue
                 conn.reserved += want
                 try:
@@ -451,7 +453,8 @@ class Dispatcher:
                         continue
                     if len(rows) < want:
                         exhausted.update(kinds)
-                        conn.paced_until = claimed + self.claim_pace
+                        if rows:  # new jobs come in: let a few more come before the next claim
+                            conn.paced_until = claimed + self.claim_pace
                     await self.deliver(conn, rows, claimed)
                 finally:
                     conn.reserved -= want

@@ -106,10 +106,10 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     assert await dispatcher._pass() is None
 
 
-async def test_a_worker_whose_kind_a_claim_found_empty_is_claimed_for_again_only_after_its_pace(
+async def test_a_worker_a_claim_found_jobs_for_but_fewer_than_its_free_slots_waits_out_a_pace(
         engine: Engine) -> None:
     """Jobs that come while a caught-up worker's pace runs go to it together, in one claim;
-    a worker with a backlog is never paced."""
+    a worker with a backlog is never paced, nor one for whom a claim found nothing."""
     idle = WorkerConn(worker_id="idle", kinds=["trickle"], slots=8)
     busy = WorkerConn(worker_id="busy", kinds=["backlog"], slots=2)
     stats = {"claims": collections.Counter()}
@@ -129,6 +129,10 @@ async def test_a_worker_whose_kind_a_claim_found_empty_is_claimed_for_again_only
     before = stats["claims"]["trickle"]
     await dispatcher._pass()
     assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
+    # A claim that finds nothing paces no one: the next job is claimed at the next wake-up.
+    idle.paced_until = time.monotonic()
+    assert await dispatcher._pass() is None
+    assert idle.paced_until <= time.monotonic()
 
 
 async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_without_another_wake(
