@@ -38,10 +38,8 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
-# A worker for whom a claim got some rows but fewer than it asked for (new jobs trickle
-# in) is claimed for again no sooner than this many seconds after that claim
-# (WorkerConn.paced_until): under a stream of new jobs, claims of a few rows each had
-# become most of the work per job.
+# A worker for whom a claim got fewer rows than it asked for is claimed for again no
+# sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass).
 CLAIM_PACE = 0.01
 MIN_PACE_WAIT = 0.001
 # After a zero-delay snooze, a worker gets no lease until its next message (the server
@@ -109,6 +107,7 @@ class WorkerConn:
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
     paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
+    prompt: bool = False  # a lone Enqueue for it came while a claim held its slots: no pace after that claim
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -420,15 +419,16 @@ class Dispatcher:
         next step of a kind they ran out of becomes due, or a worker passed over for its
         pace may be claimed for (None: neither).
 
-        A claim that gets some rows but fewer than it asked for paces its worker: new jobs
-        are coming in, and each pass would claim the few that came since the last. Those
+        A claim that gets fewer rows than it asked for paces its worker. Under a stream of
+        new jobs, each pass would claim the few that came since the last (a pass comes
+        after each batch of jobs written and after each batch of results), and those
         claims, their commits and the small result batches that follow them had become
         most of the work per job (docs/benchmarks.md, ninth pass). A worker with a backlog
-        gets every row it asks for, and a claim that finds nothing (a slot freed while the
-        queue is empty) has no stream to wait for: neither paces. A job enqueued alone for
-        a worker with free slots is still claimed in its Enqueue's own transaction
-        (enqueue). A pace delays a lease by at most `claim_pace`, well within the 50 ms in
-        which a due step is leased (DECISIONS 3b)."""
+        gets every row it asks for and is never paced. A job enqueued alone for a worker
+        with free slots is still claimed in its Enqueue's own transaction (enqueue), and
+        one that found the worker's slots held by a claim (which may not see it) makes
+        that claim pace no one (WorkerConn.prompt). A pace delays a lease by at most
+        `claim_pace`, well within the 50 ms in which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
         conns = [c for c in self.conns() if c.free_slots > 0]
         paced = [c.paced_until for c in conns if c.paced_until > began]
@@ -442,6 +442,9 @@ class Dispatcher:
                 if want <= 0:
                     continue
                 if not kinds:  # a claim of this pass found every one of them empty
+                    if not conn.prompt:
+                        conn.paced_until = began + self.claim_pace
+                    conn.prompt = False
                     continue
                 conn.reserved += want
                 try:
@@ -451,9 +454,10 @@ class Dispatcher:
                     except psycopg.DataError as e:  # this worker's data, not the database: serve the others
                         log.warning("claim for worker %r failed: %s", conn.worker_id, e)
                         continue
+                    prompt, conn.prompt = conn.prompt, False
                     if len(rows) < want:
                         exhausted.update(kinds)
-                        if rows:  # new jobs come in: let a few more come before the next claim
+                        if not prompt:
                             conn.paced_until = claimed + self.claim_pace
                     await self.deliver(conn, rows, claimed)
                 finally:
@@ -523,6 +527,11 @@ class Dispatcher:
             return None
         conns = [c for c in self.conns() if c.free_slots > 0 and not kinds.isdisjoint(c.kinds)]
         if not conns:
+            # A claim in progress holds the slots of a worker for these kinds: it may have
+            # looked before this job is written, so it must not pace that worker (_pass).
+            for c in self.conns():
+                if c.reserved and not kinds.isdisjoint(c.kinds):
+                    c.prompt = True
             return None
         conn = conns[next(self._turn) % len(conns)]
         served = [k for k in conn.kinds if k in kinds]

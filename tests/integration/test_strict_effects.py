@@ -106,10 +106,10 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     assert await dispatcher._pass() is None
 
 
-async def test_a_worker_a_claim_found_jobs_for_but_fewer_than_its_free_slots_waits_out_a_pace(
+async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out_a_pace(
         engine: Engine) -> None:
     """Jobs that come while a caught-up worker's pace runs go to it together, in one claim;
-    a worker with a backlog is never paced, nor one for whom a claim found nothing."""
+    a worker with a backlog is never paced."""
     idle = WorkerConn(worker_id="idle", kinds=["trickle"], slots=8)
     busy = WorkerConn(worker_id="busy", kinds=["backlog"], slots=2)
     stats = {"claims": collections.Counter()}
@@ -129,10 +129,25 @@ async def test_a_worker_a_claim_found_jobs_for_but_fewer_than_its_free_slots_wai
     before = stats["claims"]["trickle"]
     await dispatcher._pass()
     assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
-    # A claim that finds nothing paces no one: the next job is claimed at the next wake-up.
-    idle.paced_until = time.monotonic()
-    assert await dispatcher._pass() is None
-    assert idle.paced_until <= time.monotonic()
+
+
+async def test_a_lone_enqueue_that_found_the_workers_slots_held_by_a_claim_is_claimed_at_the_next_pass(
+        engine: Engine) -> None:
+    """The claim that held the slots may have looked before the job was written: it finds
+    nothing and must not pace the worker, or the job would wait out the pace."""
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    conn.reserved = 4  # a pass's claim for the worker is in progress
+    assert await dispatcher.enqueue([engine.prepare_job(Job("trickle", input=1))]) is None  # not written here
+    assert conn.prompt
+    conn.reserved = 0
+    assert await dispatcher._pass() is None  # that claim: it saw nothing, and paces no one
+    assert conn.paced_until <= time.monotonic() and not conn.prompt
+    await engine.enqueue("trickle", input=1)  # the Enqueue writes its job the usual way, and wakes a pass
+    await dispatcher._pass()
+    assert len(conn.held) == 1
+    assert conn.paced_until > time.monotonic()  # 1 of 4: that one paces as usual
 
 
 async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_without_another_wake(
