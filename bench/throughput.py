@@ -92,9 +92,20 @@ async def submit_concurrently(coros: list, concurrency: int = 64) -> None:
     await asyncio.gather(*(one(c) for c in coros))
 
 
-async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int) -> dict[str, float]:
+async def wait_workers(client: Client, workers: int, timeout: float = 60) -> None:
+    """Until `workers` workers are connected: a phase that started before them would time
+    their start-up and a drain of what queued meanwhile, not the phase."""
+    deadline = time.monotonic() + timeout
+    while len(await client.workers()) < workers:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{workers} workers did not connect in {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int, workers: int) -> dict[str, float]:
     out: dict[str, float] = {}
     async with Client(address, enqueue_calls=0) as single:
+        await wait_workers(single, workers)
         note(f"enqueueing {jobs} standalone jobs, one Enqueue call each")
         t0 = time.monotonic()
         await submit_concurrently([single.enqueue(KIND, {"i": i}) for i in range(jobs)])
@@ -219,7 +230,7 @@ def main() -> None:
             for w in workers:
                 w.start()
             try:
-                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch))
+                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch, args.workers))
             finally:
                 for w in workers:
                     w.terminate()
