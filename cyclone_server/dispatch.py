@@ -107,7 +107,7 @@ class WorkerConn:
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
     paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
-    prompt: bool = False  # a lone Enqueue for it came while a claim held its slots: no pace after that claim
+    prompt: bool = False  # its next claim paces it not: work came that that claim may not see (Dispatcher.unpace)
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -348,6 +348,15 @@ class Dispatcher:
     def wake(self) -> None:
         self._event.set()
 
+    def unpace(self) -> None:
+        """Steps other than new jobs may have become claimable (a DAG's next steps, a
+        retry, a submitted run, a signal, another server's work): end every worker's pace,
+        and keep a claim in progress, which may have looked before they were written, from
+        starting one (WorkerConn.prompt). Only a stream of new jobs is worth waiting for."""
+        for conn in self.conns():
+            conn.paced_until = 0.0
+            conn.prompt = True
+
     async def stop(self) -> None:
         """Make `run` return after the pass in progress and the deliveries it deferred (deliver),
         so no claimed lease is left unpushed."""
@@ -419,20 +428,25 @@ class Dispatcher:
         next step of a kind they ran out of becomes due, or a worker passed over for its
         pace may be claimed for (None: neither).
 
-        A claim that gets fewer rows than it asked for paces its worker. Under a stream of
-        new jobs, each pass would claim the few that came since the last (a pass comes
-        after each batch of jobs written and after each batch of results), and those
-        claims, their commits and the small result batches that follow them had become
-        most of the work per job (docs/benchmarks.md, ninth pass). A worker with a backlog
-        gets every row it asks for and is never paced. A job enqueued alone for a worker
-        with free slots is still claimed in its Enqueue's own transaction (enqueue), and
-        one that found the worker's slots held by a claim (which may not see it) makes
-        that claim pace no one (WorkerConn.prompt). A pace delays a lease by at most
-        `claim_pace`, well within the 50 ms in which a due step is leased (DECISIONS 3b)."""
+        A claim that gets fewer rows than it asked for paces its worker, and so does a
+        pass that finds the worker's kinds emptied by another worker's claim. Under a
+        stream of new jobs, each pass would claim the few that came since the last (a
+        pass comes after each batch of jobs written and after each batch of results), and
+        those claims, their commits and the small result batches that follow them had
+        become most of the work per job (docs/benchmarks.md, ninth pass). Only new jobs
+        are worth waiting for: any other work (a DAG's next steps, a retry, a submitted
+        run, another server's) ends every pace at once (unpace), and so does a job enqueued
+        alone that found a worker's slots held by a claim in progress (enqueue); after
+        either, the claims in progress pace no one (WorkerConn.prompt). A worker with a
+        backlog gets every row it asks for and is never paced, and an Enqueue's own claim
+        ignores paces. A pace delays a lease by at most `claim_pace`, well within the 50
+        ms in which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
-        conns = [c for c in self.conns() if c.free_slots > 0]
-        paced = [c.paced_until for c in conns if c.paced_until > began]
-        conns = [c for c in conns if c.paced_until <= began]
+        everyone = self.conns()
+        # Owed a pass at its pace's end: a paced worker with free slots, or with slots an
+        # Enqueue's claim holds for now (they may be free again by then).
+        paced = [c.paced_until for c in everyone if c.paced_until > began and (c.free_slots > 0 or c.reserved)]
+        conns = [c for c in everyone if c.free_slots > 0 and c.paced_until <= began]
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
         if conns:
             start = next(self._turn) % len(conns)
@@ -531,6 +545,7 @@ class Dispatcher:
             # looked before this job is written, so it must not pace that worker (_pass).
             for c in self.conns():
                 if c.reserved and not kinds.isdisjoint(c.kinds):
+                    c.paced_until = 0.0
                     c.prompt = True
             return None
         conn = conns[next(self._turn) % len(conns)]
@@ -546,6 +561,10 @@ class Dispatcher:
                 log.exception("pushing %d leases claimed at Enqueue failed", len(leases))
         finally:
             conn.reserved -= want
+        if len(leases) < want:
+            # Short (a job that existed already under its idempotency key): a pass that ran
+            # meanwhile could not claim for this worker, so another one looks.
+            self.wake()
         return rows
 
 

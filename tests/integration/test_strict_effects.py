@@ -155,18 +155,46 @@ async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_with
     conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
     stats = {"claims": collections.Counter()}
     dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0.5)
+    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
+    engine.available_listeners.append(dispatcher.wake)
     task_ = asyncio.create_task(dispatcher.run())
     try:
         await engine.enqueue("trickle", input=1)
-        dispatcher.wake()
         await until(lambda: len(conn.held) == 1, "the first job's lease")
         paced_until = conn.paced_until
         assert paced_until > 0.0  # the claim asked for 4 and got 1
-        await engine.enqueue("trickle", input=2)
-        dispatcher.wake()  # the pass this starts passes the worker over, and owes it one
+        await engine.enqueue("trickle", input=2)  # new jobs only: the pass this wakes passes the worker over
         # Well before IDLE_POLL (10 s), the dispatcher's look for a lost wake-up.
         await until(lambda: len(conn.held) == 2, "the second job's lease", deadline=5.0)
         assert time.monotonic() >= paced_until
+    finally:
+        await dispatcher.stop()
+        await task_
+
+
+async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_waiting_out_a_pace(
+        engine: Engine) -> None:
+    """A result frees its slot and wakes a pass before it is applied: that pass finds
+    nothing and paces the worker. The next step its apply makes claimable is not a new
+    job, and ends the pace."""
+    conn = WorkerConn(worker_id="w1", kinds=["a", "b"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
+    engine.available_listeners.append(dispatcher.wake)
+    task_ = asyncio.create_task(dispatcher.run())
+    try:
+        await start(engine, [task("a"), task("b", "a")])
+        await until(lambda: len(conn.held) == 1, "a's lease")
+        [(key, _)] = conn.held.items()
+        conn.answer(key)  # its result arrived: the slot is free
+        conn.paced_until = 0.0
+        dispatcher.wake()
+        await until(lambda: conn.paced_until > time.monotonic(), "the pass the free slot started to pace the worker")
+        [(_, _, status)] = await engine.apply_results([Result(key[0], key[1], "completed", output=1)])
+        assert status == "applied"
+        conn.forget(key)
+        await until(lambda: len(conn.held) == 1, "b's lease", deadline=5.0)  # not a minute later
     finally:
         await dispatcher.stop()
         await task_
