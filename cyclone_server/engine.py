@@ -50,6 +50,7 @@ MAY_MAKE_AVAILABLE = frozenset({
 log = logging.getLogger("cyclone.engine")
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
 RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
+RUN_ACTIONS = frozenset({"cancel", "pause", "resume", "retry"})
 
 
 @dataclass(frozen=True)
@@ -582,29 +583,54 @@ class Engine:
     # parent node, when it has one, before it returns: DECISIONS 3b, an action's effects are
     # visible when its call returns.
 
-    async def cancel_run(self, run_id: str) -> bool:
-        rid = parse_id(run_id, "run_id")
-        applied = (await self._one("run_cancel", run_id=rid))["applied"]  # type: ignore[index]
-        await self.settle_parents([rid])
-        return applied
+    async def act(self, action: str, run_id: str, *, node: str | None = None,
+                  deadline: datetime | None = None) -> tuple[bool, dict[str, Any]]:
+        """Cancel, pause, resume or retry (`node`: one discarded node; None: all of them) a
+        run; returns whether the action applied, and the run with its steps as the action
+        left it.
 
-    async def pause_run(self, run_id: str) -> bool:
-        return (await self._one("run_pause", run_id=parse_id(run_id, "run_id")))["applied"]  # type: ignore[index]
-
-    async def resume_run(self, run_id: str) -> bool:
-        rid = parse_id(run_id, "run_id")
-        applied = (await self._one("run_resume", run_id=rid))["applied"]  # type: ignore[index]
-        await self.settle_parents([rid])
-        return applied
-
-    async def retry(self, run_id: str, node: str | None = None, *, deadline: datetime | None = None) -> bool:
-        """Reopen one discarded node (`node`) or all of them (`node=None`)."""
+        The run is read in the action's own transaction, while the action holds the run's
+        lock: read after the commit, a fast worker could already have ended a retried or
+        resumed run, and the answer to Retry would show a completed run. No other
+        transaction changes the run's row before this one commits; a step claimed or
+        renewed meanwhile (which does not touch the run) shows as the moment of the read."""
+        if action not in RUN_ACTIONS:
+            raise ValueError(f"{action!r} is not a run action")
         if node is not None and not definitions.NODE_ID.match(node):
             raise InvalidArgument(f"node: {node!r} is not a valid node id")
         rid = parse_id(run_id, "run_id")
-        row = await self._one("run_retry", run_id=rid, node=node, deadline=deadline)
-        await self.settle_parents([rid])
-        return row["applied"]  # type: ignore[index]
+        query = f"run_{action}"
+        params = {"run_id": rid, **({"node": node, "deadline": deadline} if action == "retry" else {})}
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = conn.cursor(row_factory=dict_row)
+                applied = (await (await cur.execute(Q[query], params)).fetchone())["applied"]  # type: ignore[index]
+                run = await (await cur.execute(Q["run_get"], {"run_id": rid})).fetchone()
+                assert run is not None  # locked by the action, which raised NotFound without it
+                run["steps"] = await (await cur.execute(Q["runs_steps"], {"run_ids": [rid]})).fetchall()
+        except psycopg.Error as e:
+            translated = _translate(e)
+            if translated is None:
+                raise
+            raise translated from e
+        if query in MAY_MAKE_AVAILABLE:
+            self.announce()
+        if action != "pause":
+            await self.settle_parents([rid])
+        return applied, run
+
+    async def cancel_run(self, run_id: str) -> bool:
+        return (await self.act("cancel", run_id))[0]
+
+    async def pause_run(self, run_id: str) -> bool:
+        return (await self.act("pause", run_id))[0]
+
+    async def resume_run(self, run_id: str) -> bool:
+        return (await self.act("resume", run_id))[0]
+
+    async def retry(self, run_id: str, node: str | None = None, *, deadline: datetime | None = None) -> bool:
+        """Reopen one discarded node (`node`) or all of them (`node=None`)."""
+        return (await self.act("retry", run_id, node=node, deadline=deadline))[0]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> tuple[str, str | None]:
         """Write a signal to the run's mailbox; returns (signal_id, consumed_by_step_id)."""

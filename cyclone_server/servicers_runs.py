@@ -147,42 +147,37 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
 
     # -- actions -------------------------------------------------------------------------
 
-    async def _act(self, run_id: str, applied: bool) -> runs_pb2.RunActionResponse:
-        return runs_pb2.RunActionResponse(run=await self._run(run_id), applied=applied)
+    async def _act(self, action: str, run_id: str, **params: Any) -> runs_pb2.RunActionResponse:
+        applied, run = await self.engine.act(action, run_id, **params)
+        return runs_pb2.RunActionResponse(run=convert.run_to_proto(run), applied=applied)
 
     @rpc
     async def CancelRun(self, request: runs_pb2.CancelRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
-        run_id = required_id(request.run_id, "run_id")
-        return await self._act(run_id, await self.engine.cancel_run(run_id))
+        return await self._act("cancel", required_id(request.run_id, "run_id"))
 
     @rpc
     async def PauseRun(self, request: runs_pb2.PauseRunRequest,
                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
-        run_id = required_id(request.run_id, "run_id")
-        return await self._act(run_id, await self.engine.pause_run(run_id))
+        return await self._act("pause", required_id(request.run_id, "run_id"))
 
     @rpc
     async def ResumeRun(self, request: runs_pb2.ResumeRunRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
-        run_id = required_id(request.run_id, "run_id")
-        applied = await self.engine.resume_run(run_id)
-        return await self._act(run_id, applied)
+        return await self._act("resume", required_id(request.run_id, "run_id"))
 
     @rpc
     async def RetryStep(self, request: runs_pb2.RetryStepRequest,
                         context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
         node = required(request.node, "node")
-        applied = await self.engine.retry(run_id, node, deadline=deadline_of(request))
-        return await self._act(run_id, applied)
+        return await self._act("retry", run_id, node=node, deadline=deadline_of(request))
 
     @rpc
     async def RetryAll(self, request: runs_pb2.RetryAllRequest,
                        context: grpc.aio.ServicerContext) -> runs_pb2.RunActionResponse:
         run_id = required_id(request.run_id, "run_id")
-        applied = await self.engine.retry(run_id, None, deadline=deadline_of(request))
-        return await self._act(run_id, applied)
+        return await self._act("retry", run_id, node=None, deadline=deadline_of(request))
 
     @rpc
     async def Signal(self, request: runs_pb2.SignalRequest,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import timedelta
 
+import psycopg
 import pytest
-from engine_helpers import (claim_one, db_now, expire_lease, make_due, run_row, snapshot, start, states, step,
+from engine_helpers import (claim_one, db_now, expire_lease, fetch, make_due, run_row, snapshot, start, states, step,
                             steps, task, violations)
 
 from cyclone_server.engine import Engine
@@ -168,3 +171,39 @@ async def test_run_failed_by_its_deadline_retries_only_with_a_new_deadline(engin
     assert {n: r["state"] for n, r in s.items()} == {"a": "completed", "b": "available", "w": "waiting_signal",
                                                     "t": "available"}
     assert s["w"]["attempt"] == 1 and s["w"]["errors"][-1]["reason"] == "deadline"
+
+
+async def test_an_actions_answer_shows_the_run_as_the_action_left_it_not_as_a_later_transaction_did(
+        engine: Engine, conn, db_url: str) -> None:
+    """RunActionResponse.run is read in the action's transaction. Read after its commit, a
+    Retry's answer could show a run that a fast worker had already completed (seen in CI).
+    Here the pause of another session Y waits for the run behind the retry: it pauses the
+    run as soon as the retry commits (Y does not wait for its own commit to be flushed),
+    most often before a read made after the retry's commit would see the run; six rounds
+    make that all but certain. Read in the retry's transaction, the answer is always right."""
+    async def waiting(query: str) -> None:
+        deadline = time.monotonic() + 30
+        while not await fetch(conn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                    "AND query LIKE %s", f"%{query}%"):
+            assert time.monotonic() < deadline, f"{query} never waited for the run's lock"
+            await asyncio.sleep(0.02)
+
+    async with await psycopg.AsyncConnection.connect(db_url) as x, \
+            await psycopg.AsyncConnection.connect(db_url, autocommit=True) as y:
+        await y.execute("SET synchronous_commit = off")
+        for _ in range(6):
+            run_id = await start(engine, [task("a")])
+            await discard(engine, "a")
+            assert (await run_row(conn, run_id))["state"] == "failed"
+            await x.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR NO KEY UPDATE", (run_id,))
+            retry = asyncio.create_task(engine.act("retry", run_id, node="a"))
+            await waiting("cyclone_run_retry")
+            pause = asyncio.create_task(y.execute("SELECT cyclone_run_pause(%s)", (run_id,)))
+            await waiting("cyclone_run_pause")
+            await x.commit()
+            await asyncio.wait_for(pause, 30)
+            applied, run = await asyncio.wait_for(retry, 30)
+            assert applied
+            assert (run["state"], [(s["node"], s["state"]) for s in run["steps"]]) == (
+                "running", [("a", "available")])
+            assert await states(conn, run_id) == {"a": "paused"}
