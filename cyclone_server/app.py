@@ -183,6 +183,7 @@ class CycloneServer:
             *KEEPALIVE_OPTIONS,
         ])
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
+        self.engine.prompt_listeners.append(self.hub.dispatcher.unpace)
         self.engine.available_listeners.append(self.hub.wake)
         self.runs = RunsServicer(self.engine, self.notifier, claim=self.hub.dispatcher.enqueue)
         # Every service registers through a Registrar: a request that does not parse is

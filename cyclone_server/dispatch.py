@@ -38,6 +38,10 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
+# A worker for whom a claim got fewer rows than it asked for is claimed for again no
+# sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass).
+CLAIM_PACE = 0.01
+MIN_PACE_WAIT = 0.001
 # After a zero-delay snooze, a worker gets no lease until its next message (the server
 # pings it at once), or this many seconds. A stopping worker hands back the leases it did
 # not start as zero-delay snoozes and half-closes right after; on a loaded machine, the
@@ -102,6 +106,8 @@ class WorkerConn:
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
+    paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
+    prompt: bool = False  # its next claim paces it not: work came that that claim may not see (Dispatcher.unpace)
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -324,11 +330,12 @@ class Dispatcher:
     """
 
     def __init__(self, engine: Engine, conns: Callable[[], list[WorkerConn]], *, lease_ttl: float,
-                 stats: dict[str, Any]) -> None:
+                 stats: dict[str, Any], claim_pace: float = CLAIM_PACE) -> None:
         self.engine = engine
         self.conns = conns
         self.lease_ttl = lease_ttl
         self.stats = stats
+        self.claim_pace = claim_pace
         # Called with each lease's dispatch latency in seconds (e.g. a metrics histogram).
         self.latency_observers: list[Callable[[float], None]] = []
         self.claim_observers: list[Callable[[str, float], None]] = []  # (kind, seconds waited)
@@ -340,6 +347,15 @@ class Dispatcher:
 
     def wake(self) -> None:
         self._event.set()
+
+    def unpace(self) -> None:
+        """Steps other than new jobs may have become claimable (a DAG's next steps, a
+        retry, a submitted run, a signal, another server's work): end every worker's pace,
+        and keep a claim in progress, which may have looked before they were written, from
+        starting one (WorkerConn.prompt). Only a stream of new jobs is worth waiting for."""
+        for conn in self.conns():
+            conn.paced_until = 0.0
+            conn.prompt = True
 
     async def stop(self) -> None:
         """Make `run` return after the pass in progress and the deliveries it deferred (deliver),
@@ -407,36 +423,66 @@ class Dispatcher:
                 return
 
     async def _pass(self) -> float | None:
-        """Claim for every worker with free slots; returns how long until the next step of a
-        kind they ran out of becomes due (None: nothing is due, or no slot is free)."""
-        conns = [c for c in self.conns() if c.free_slots > 0]
-        if not conns:
-            return None
-        start = next(self._turn) % len(conns)
+        """Claim for every worker with free slots, but not yet again for one paced by a
+        claim less than `claim_pace` ago; returns how long until the next pass: until the
+        next step of a kind they ran out of becomes due, or a worker passed over for its
+        pace may be claimed for (None: neither).
+
+        A claim that gets fewer rows than it asked for paces its worker, and so does a
+        pass that finds the worker's kinds emptied by another worker's claim. Under a
+        stream of new jobs, each pass would claim the few that came since the last (a
+        pass comes after each batch of jobs written and after each batch of results), and
+        those claims, their commits and the small result batches that follow them had
+        become most of the work per job (docs/benchmarks.md, ninth pass). Only new jobs
+        are worth waiting for: any other work (a DAG's next steps, a retry, a submitted
+        run, another server's) ends every pace at once (unpace), and so does a job enqueued
+        alone that found a worker's slots held by a claim in progress (enqueue); after
+        either, the claims in progress pace no one (WorkerConn.prompt). A worker with a
+        backlog gets every row it asks for and is never paced, and an Enqueue's own claim
+        ignores paces. A pace delays a lease by at most `claim_pace`, well within the 50
+        ms in which a due step is leased (DECISIONS 3b)."""
+        began = time.monotonic()
+        everyone = self.conns()
+        # Owed a pass at its pace's end: a paced worker with free slots, or with slots an
+        # Enqueue's claim holds for now (they may be free again by then).
+        paced = [c.paced_until for c in everyone if c.paced_until > began and (c.free_slots > 0 or c.reserved)]
+        conns = [c for c in everyone if c.free_slots > 0 and c.paced_until <= began]
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
-        for conn in conns[start:] + conns[:start]:
-            kinds = [k for k in conn.kinds if k not in exhausted]
-            want = conn.free_slots
-            if not kinds or want <= 0:
-                continue
-            conn.reserved += want
-            try:
-                claimed = time.monotonic()
-                try:
-                    rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
-                except psycopg.DataError as e:  # this worker's data, not the database: serve the others
-                    log.warning("claim for worker %r failed: %s", conn.worker_id, e)
+        if conns:
+            start = next(self._turn) % len(conns)
+            for conn in conns[start:] + conns[:start]:
+                kinds = [k for k in conn.kinds if k not in exhausted]
+                want = conn.free_slots
+                if want <= 0:
                     continue
-                if len(rows) < want:
-                    exhausted.update(kinds)
-                await self.deliver(conn, rows, claimed)
-            finally:
-                conn.reserved -= want
+                if not kinds:  # a claim of this pass found every one of them empty
+                    if not conn.prompt:
+                        conn.paced_until = began + self.claim_pace
+                    conn.prompt = False
+                    continue
+                conn.reserved += want
+                try:
+                    claimed = time.monotonic()
+                    try:
+                        rows = await self.engine.claim_leases(conn.worker_id, kinds, want, self.lease_ttl)
+                    except psycopg.DataError as e:  # this worker's data, not the database: serve the others
+                        log.warning("claim for worker %r failed: %s", conn.worker_id, e)
+                        continue
+                    prompt, conn.prompt = conn.prompt, False
+                    if len(rows) < want:
+                        exhausted.update(kinds)
+                        if not prompt:
+                            conn.paced_until = claimed + self.claim_pace
+                    await self.deliver(conn, rows, claimed)
+                finally:
+                    conn.reserved -= want
+        waits = [max(min(paced) - time.monotonic(), MIN_PACE_WAIT)] if paced else []
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
-        if not waiting:
-            return None
-        due = await self.engine.next_due(waiting)
-        return None if due is None else max(due, MIN_DUE_WAIT)
+        if waiting:
+            due = await self.engine.next_due(waiting)
+            if due is not None:
+                waits.append(max(due, MIN_DUE_WAIT))
+        return min(waits, default=None)
 
     async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message;
@@ -495,6 +541,12 @@ class Dispatcher:
             return None
         conns = [c for c in self.conns() if c.free_slots > 0 and not kinds.isdisjoint(c.kinds)]
         if not conns:
+            # A claim in progress holds the slots of a worker for these kinds: it may have
+            # looked before this job is written, so it must not pace that worker (_pass).
+            for c in self.conns():
+                if c.reserved and not kinds.isdisjoint(c.kinds):
+                    c.paced_until = 0.0
+                    c.prompt = True
             return None
         conn = conns[next(self._turn) % len(conns)]
         served = [k for k in conn.kinds if k in kinds]
@@ -509,6 +561,10 @@ class Dispatcher:
                 log.exception("pushing %d leases claimed at Enqueue failed", len(leases))
         finally:
             conn.reserved -= want
+        if len(leases) < want:
+            # Short (a job that existed already under its idempotency key): a pass that ran
+            # meanwhile could not claim for this worker, so another one looks.
+            self.wake()
         return rows
 
 

@@ -47,6 +47,9 @@ MAY_MAKE_AVAILABLE = frozenset({
     "run_submit", "job_enqueue", "jobs_enqueue", "step_complete", "step_fail", "step_snooze",
     "leases_sweep", "leases_release", "attempts_timeout", "timers_fire", "waits_expire", "children_start",
     "children_settle", "child_runs_settle", "run_resume", "run_retry", "run_signal"})
+# The queries that write the jobs of Enqueue and EnqueueMany: the new work a stream of
+# calls brings, which the dispatcher paces its claims for (announce(jobs_only=True)).
+JOBS_WRITTEN = frozenset({"job_enqueue", "jobs_enqueue"})
 log = logging.getLogger("cyclone.engine")
 TERMINAL_RUN_STATES = frozenset({"completed", "failed", "cancelled"})
 RUN_STATES = ("running", "paused", "completed", "failed", "cancelled")
@@ -243,6 +246,9 @@ class Engine:
         # Called after every transition that may have made steps claimable (e.g. the
         # server's dispatcher wake-up).
         self.available_listeners: list[Callable[[], None]] = []
+        # Called before those, unless only new jobs were written: the server's dispatcher
+        # then claims without waiting out a pace (Dispatcher.unpace).
+        self.prompt_listeners: list[Callable[[], None]] = []
         # With `announces`, the pool's sessions don't NOTIFY cyclone_available in their
         # transactions (see cyclone__notify_available); this engine sends one NOTIFY per
         # ANNOUNCE_WINDOW instead, on the side, for the other servers.
@@ -269,8 +275,12 @@ class Engine:
         await pool.open(wait=True, timeout=30)
         return cls(pool, announces=announces, **kw)
 
-    def announce(self) -> None:
-        """Steps may have become claimable: tell the listeners now, other servers soon."""
+    def announce(self, *, jobs_only: bool = False) -> None:
+        """Steps may have become claimable: tell the listeners now, other servers soon.
+        `jobs_only`: the new work is only jobs that Enqueue or EnqueueMany wrote."""
+        if not jobs_only:
+            for listener in self.prompt_listeners:
+                listener()
         for listener in self.available_listeners:
             listener()
         if self.announces and self._announcing is None:
@@ -312,7 +322,7 @@ class Engine:
                 raise
             raise translated from e
         if rows and query in MAY_MAKE_AVAILABLE:
-            self.announce()
+            self.announce(jobs_only=query in JOBS_WRITTEN)
         return rows
 
     async def _one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
@@ -444,7 +454,7 @@ class Engine:
         leases = [r for r in rows if r.idx is None]
         claimed = {r.step_id for r in leases}
         if any(r.created and r.step_id not in claimed for r in made):
-            self.announce()
+            self.announce(jobs_only=True)
         return [(r.run_id, r.step_id, r.created) for r in made], leases
 
     # -- leases --------------------------------------------------------------------------

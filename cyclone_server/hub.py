@@ -103,12 +103,18 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         """Tell the dispatcher that steps may have become available (coalesced; cheap)."""
         self.dispatcher.wake()
 
+    def _available_elsewhere(self) -> None:
+        """Another server (or a transaction outside a server) made steps claimable: what,
+        this one cannot tell, so it claims for them without waiting out a pace."""
+        self.dispatcher.unpace()
+        self.dispatcher.wake()
+
     def add_to_server(self, server: grpc.aio.Server) -> None:
         workers_pb2_grpc.add_WorkersServicer_to_server(self, server)
 
     async def start(self) -> None:
         # Not on this server's own announcements: Engine.announce has woken the dispatcher.
-        self.notifier.subscribe("cyclone_available", self.wake, skip={self.engine.announce_token})
+        self.notifier.subscribe("cyclone_available", self._available_elsewhere, skip={self.engine.announce_token})
         self._dispatch_task = asyncio.create_task(self.dispatcher.run(), name="cyclone-dispatch")
         self._tasks = [asyncio.create_task(self.committer.run(), name="cyclone-results"),
                        asyncio.create_task(self._renew_loop(), name="cyclone-renew"),

@@ -1,12 +1,13 @@
 """Strict edges of the engine (DECISIONS 3b): the backoff's first delay, one status per result,
 the effects of an action visible when its call returns, messages never refused for their text,
-and the dispatcher's wake-up at the next due time."""
+and the dispatcher's wake-up at the next due time and its pace for a worker it caught up with."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import random
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -91,7 +92,7 @@ async def test_a_signal_that_completes_a_child_run_settles_its_parent_node(engin
 async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when_none_is(engine: Engine) -> None:
     conn = WorkerConn(worker_id="w1", kinds=["later", "other"], slots=4)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats)
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0)  # passes back to back
     assert await dispatcher._pass() is None  # nothing available, nothing due: no timer at all
     await engine.enqueue("later", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=5))
     await engine.enqueue("other", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=2))
@@ -103,6 +104,107 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     # A worker without free slots asks for nothing.
     conn.slots = 1
     assert await dispatcher._pass() is None
+
+
+async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out_a_pace(
+        engine: Engine) -> None:
+    """Jobs that come while a caught-up worker's pace runs go to it together, in one claim;
+    a worker with a backlog is never paced."""
+    idle = WorkerConn(worker_id="idle", kinds=["trickle"], slots=8)
+    busy = WorkerConn(worker_id="busy", kinds=["backlog"], slots=2)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [idle, busy], lease_ttl=30, stats=stats, claim_pace=60)
+    await engine.enqueue_many([Job("backlog", input=i) for i in range(6)])
+    await engine.enqueue("trickle", input=0)
+    assert await dispatcher._pass() is None  # nothing due, and no worker was passed over
+    assert (len(idle.held), len(busy.held)) == (1, 2)
+    assert idle.paced_until > time.monotonic() + 50 and busy.paced_until == 0.0  # 1 of 8 rows; 2 of 2
+    for i in range(1, 4):
+        await engine.enqueue("trickle", input=i)
+    busy.held.clear()  # its two results came: both slots free
+    wait = await dispatcher._pass()
+    assert wait is not None and 50 < wait <= 60  # the pass for the idle worker is owed at its pace's end
+    assert (len(idle.held), len(busy.held)) == (1, 2)  # the busy worker was served at once
+    idle.paced_until = time.monotonic()  # its pace is over
+    before = stats["claims"]["trickle"]
+    await dispatcher._pass()
+    assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
+
+
+async def test_a_lone_enqueue_that_found_the_workers_slots_held_by_a_claim_is_claimed_at_the_next_pass(
+        engine: Engine) -> None:
+    """The claim that held the slots may have looked before the job was written: it finds
+    nothing and must not pace the worker, or the job would wait out the pace."""
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    conn.reserved = 4  # a pass's claim for the worker is in progress
+    assert await dispatcher.enqueue([engine.prepare_job(Job("trickle", input=1))]) is None  # not written here
+    assert conn.prompt
+    conn.reserved = 0
+    assert await dispatcher._pass() is None  # that claim: it saw nothing, and paces no one
+    assert conn.paced_until <= time.monotonic() and not conn.prompt
+    await engine.enqueue("trickle", input=1)  # the Enqueue writes its job the usual way, and wakes a pass
+    await dispatcher._pass()
+    assert len(conn.held) == 1
+    assert conn.paced_until > time.monotonic()  # 1 of 4: that one paces as usual
+
+
+async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_without_another_wake(
+        engine: Engine) -> None:
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0.5)
+    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
+    engine.available_listeners.append(dispatcher.wake)
+    task_ = asyncio.create_task(dispatcher.run())
+    try:
+        await engine.enqueue("trickle", input=1)
+        await until(lambda: len(conn.held) == 1, "the first job's lease")
+        paced_until = conn.paced_until
+        assert paced_until > 0.0  # the claim asked for 4 and got 1
+        await engine.enqueue("trickle", input=2)  # new jobs only: the pass this wakes passes the worker over
+        # Well before IDLE_POLL (10 s), the dispatcher's look for a lost wake-up.
+        await until(lambda: len(conn.held) == 2, "the second job's lease", deadline=5.0)
+        assert time.monotonic() >= paced_until
+    finally:
+        await dispatcher.stop()
+        await task_
+
+
+async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_waiting_out_a_pace(
+        engine: Engine) -> None:
+    """A result frees its slot and wakes a pass before it is applied: that pass finds
+    nothing and paces the worker. The next step its apply makes claimable is not a new
+    job, and ends the pace."""
+    conn = WorkerConn(worker_id="w1", kinds=["a", "b"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
+    engine.available_listeners.append(dispatcher.wake)
+    task_ = asyncio.create_task(dispatcher.run())
+    try:
+        await start(engine, [task("a"), task("b", "a")])
+        await until(lambda: len(conn.held) == 1, "a's lease")
+        [(key, _)] = conn.held.items()
+        conn.answer(key)  # its result arrived: the slot is free
+        conn.paced_until = 0.0
+        dispatcher.wake()
+        await until(lambda: conn.paced_until > time.monotonic(), "the pass the free slot started to pace the worker")
+        [(_, _, status)] = await engine.apply_results([Result(key[0], key[1], "completed", output=1)])
+        assert status == "applied"
+        conn.forget(key)
+        await until(lambda: len(conn.held) == 1, "b's lease", deadline=5.0)  # not a minute later
+    finally:
+        await dispatcher.stop()
+        await task_
+
+
+async def until(cond, what: str, deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 async def test_a_mixed_batch_gets_the_per_result_statuses_of_the_set_based_and_the_per_step_paths(
