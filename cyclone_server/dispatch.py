@@ -443,9 +443,12 @@ class Dispatcher:
         ms in which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
         everyone = self.conns()
-        # Owed a pass at its pace's end: a paced worker with free slots, or with slots an
-        # Enqueue's claim holds for now (they may be free again by then).
-        paced = [c.paced_until for c in everyone if c.paced_until > began and (c.free_slots > 0 or c.reserved)]
+        # Owed a pass at its pace's end: every worker this pass skips for its pace, also one
+        # with no free slot now (an Enqueue's claim or a quiet after a hand-back may hold
+        # them). The wake-ups of those ending should bring a pass too; this one does not
+        # depend on them, and costs no query when the worker has no free slot by then. That
+        # pass finds the worker unpaced: it claims for it, or owes it nothing more.
+        paced = [c.paced_until for c in everyone if c.paced_until > began]
         conns = [c for c in everyone if c.free_slots > 0 and c.paced_until <= began]
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
         if conns:

@@ -131,6 +131,31 @@ async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out
     assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
 
 
+async def test_a_worker_passed_over_for_its_pace_is_owed_a_pass_at_its_end_even_with_no_free_slot(
+        engine: Engine) -> None:
+    """The pass that skips a paced worker owes it one at the pace's end, also when the
+    worker has no free slot at the time (here a quiet after a hand-back holds them): a
+    lost wake-up when they free would otherwise leave it to IDLE_POLL. The pass at the
+    pace's end, finding the worker unpaced, owes nothing more."""
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
+    stats = {"claims": collections.Counter()}
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    await engine.enqueue("trickle", input=0)
+    assert await dispatcher._pass() is None and len(conn.held) == 1
+    assert conn.paced_until > time.monotonic() + 50  # 1 of 4
+    conn.hush(30)  # a zero-delay snooze came: no free slot until the worker speaks
+    assert conn.free_slots == 0
+    wait = await dispatcher._pass()
+    assert wait is not None and 50 < wait <= 60
+    conn.heard()
+    conn.paced_until = time.monotonic()  # its pace is over
+    await engine.enqueue("trickle", input=1)
+    assert await dispatcher._pass() is None and len(conn.held) == 2
+    conn.paced_until = 0.0
+    conn.hush(30)
+    assert await dispatcher._pass() is None  # not paced, no free slot: nothing owed
+
+
 async def test_a_lone_enqueue_that_found_the_workers_slots_held_by_a_claim_is_claimed_at_the_next_pass(
         engine: Engine) -> None:
     """The claim that held the slots may have looked before the job was written: it finds
