@@ -35,30 +35,56 @@ class CancelFlag:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._event = asyncio.Event()
-        self._flag = threading.Event()
+        self._set = False
+        # Made on first wait only: most handlers never wait, and a worker makes one flag
+        # per lease (an Event and a threading.Event were a tenth of a drain's worker CPU).
+        # _LAZY orders their making against set(), which may come from another thread.
+        self._event: asyncio.Event | None = None
+        self._flag: threading.Event | None = None
         self.reason = ""
 
     def is_set(self) -> bool:
         """True once the handler has been told to stop."""
-        return self._flag.is_set()
+        return self._set
 
     async def wait(self) -> bool:
         """Block (in the worker's event loop) until the flag is set."""
+        if self._event is None:
+            with _LAZY:
+                if self._event is None:
+                    event = asyncio.Event()
+                    if self._set:  # set() came first; this runs in the loop, so set it here
+                        event.set()
+                    self._event = event
         await self._event.wait()
         return True
 
     def wait_blocking(self, timeout: float | None = None) -> bool:
         """Block a thread (plain-function handlers) until set or `timeout`; True if set."""
+        if self._flag is None:
+            with _LAZY:
+                if self._flag is None:
+                    flag = threading.Event()
+                    if self._set:
+                        flag.set()
+                    self._flag = flag
         return self._flag.wait(timeout)
 
     def set(self, reason: str = "") -> None:
         """Set the flag (the worker does this on Stop); safe to call from any thread."""
-        if self._flag.is_set():
-            return
-        self.reason = reason
-        self._flag.set()
-        set_event(self._loop, self._event)
+        with _LAZY:
+            if self._set:
+                return
+            self.reason = reason
+            self._set = True
+            event, flag = self._event, self._flag
+        if flag is not None:
+            flag.set()
+        if event is not None:
+            set_event(self._loop, event)
+
+
+_LAZY = threading.Lock()  # CancelFlag: a flag's set() against the first wait that makes its events
 
 
 def set_event(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:

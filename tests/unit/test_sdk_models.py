@@ -7,7 +7,7 @@ import threading
 
 from google.protobuf import timestamp_pb2
 
-from cyclone_worker import Context, Run
+from cyclone_worker import CancelFlag, Context, Run
 from cyclone_worker._models import WorkflowInfo, enum_name
 from cyclone_proto import types_pb2, workers_pb2
 from cyclone_worker.values import to_struct, to_value
@@ -63,3 +63,32 @@ async def test_context_exposes_the_lease_and_cancellation_from_any_thread() -> N
     assert await asyncio.wait_for(waiter, 5)
     assert ctx.is_cancelled() and ctx.cancelled.reason == "cancelled"
     assert ctx.cancelled.wait_blocking(0)
+
+
+async def test_a_cancel_flag_wakes_every_kind_of_waiter_whichever_came_first() -> None:
+    """A flag makes its events on first wait: set before, set after, and set from another
+    thread while a thread blocks all wake the waiter, and the reason is the first set's."""
+    loop = asyncio.get_running_loop()
+    early = CancelFlag(loop)
+    early.set("stop")
+    early.set("again")  # ignored: the first reason stays
+    assert await asyncio.wait_for(early.wait(), 5) and early.wait_blocking(0) and early.reason == "stop"
+
+    late = CancelFlag(loop)
+    waiter = asyncio.create_task(late.wait())
+    await asyncio.sleep(0)  # the waiter made its event
+    assert not late.is_set() and not late.wait_blocking(0)
+    late.set("cancelled")  # from the loop
+    assert await asyncio.wait_for(waiter, 5)
+
+    threaded = CancelFlag(loop)
+    blocked = loop.run_in_executor(None, threaded.wait_blocking, 5.0)
+    asyncio_waiter = asyncio.create_task(threaded.wait())
+    deadline = loop.time() + 5
+    while threaded._flag is None:  # the thread is about to block on its event
+        assert loop.time() < deadline
+        await asyncio.sleep(0.01)
+    threading.Thread(target=threaded.set, args=("from a thread",)).start()
+    assert await asyncio.wait_for(blocked, 5) is True
+    assert await asyncio.wait_for(asyncio_waiter, 5)
+    assert threaded.is_set() and threaded.reason == "from a thread"
