@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -178,12 +180,7 @@ async def test_a_lone_enqueue_that_found_the_workers_slots_held_by_a_claim_is_cl
 async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_without_another_wake(
         engine: Engine) -> None:
     conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
-    stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0.5)
-    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
-    engine.available_listeners.append(dispatcher.wake)
-    task_ = asyncio.create_task(dispatcher.run())
-    try:
+    async with running_dispatcher(engine, conn, claim_pace=0.5):
         await engine.enqueue("trickle", input=1)
         await until(lambda: len(conn.held) == 1, "the first job's lease")
         paced_until = conn.paced_until
@@ -192,9 +189,6 @@ async def test_a_job_that_comes_during_a_workers_pace_is_claimed_at_its_end_with
         # Well before IDLE_POLL (10 s), the dispatcher's look for a lost wake-up.
         await until(lambda: len(conn.held) == 2, "the second job's lease", deadline=5.0)
         assert time.monotonic() >= paced_until
-    finally:
-        await dispatcher.stop()
-        await task_
 
 
 async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_waiting_out_a_pace(
@@ -203,12 +197,7 @@ async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_wa
     nothing and paces the worker. The next step its apply makes claimable is not a new
     job, and ends the pace."""
     conn = WorkerConn(worker_id="w1", kinds=["a", "b"], slots=4)
-    stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
-    engine.prompt_listeners.append(dispatcher.unpace)  # as the server wires them
-    engine.available_listeners.append(dispatcher.wake)
-    task_ = asyncio.create_task(dispatcher.run())
-    try:
+    async with running_dispatcher(engine, conn, claim_pace=60) as dispatcher:
         await start(engine, [task("a"), task("b", "a")])
         await until(lambda: len(conn.held) == 1, "a's lease")
         [(key, _)] = conn.held.items()
@@ -220,6 +209,18 @@ async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_wa
         assert status == "applied"
         conn.forget(key)
         await until(lambda: len(conn.held) == 1, "b's lease", deadline=5.0)  # not a minute later
+
+
+@contextlib.asynccontextmanager
+async def running_dispatcher(engine: Engine, conn: WorkerConn, *, claim_pace: float) -> AsyncIterator[Dispatcher]:
+    """A Dispatcher for `conn` alone, running, wired to `engine` as the server wires it."""
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats={"claims": collections.Counter()},
+                            claim_pace=claim_pace)
+    engine.prompt_listeners.append(dispatcher.unpace)
+    engine.available_listeners.append(dispatcher.wake)
+    task_ = asyncio.create_task(dispatcher.run())
+    try:
+        yield dispatcher
     finally:
         await dispatcher.stop()
         await task_
