@@ -351,8 +351,9 @@ class Dispatcher:
     def unpace(self) -> None:
         """Steps other than new jobs may have become claimable (a DAG's next steps, a
         retry, a submitted run, a signal, another server's work): end every worker's pace,
-        and keep a claim in progress, which may have looked before they were written, from
-        starting one (WorkerConn.prompt). Only a stream of new jobs is worth waiting for."""
+        and keep each worker's next claim (maybe one in progress, which may have looked
+        before they were written) from starting one (WorkerConn.prompt). Only a stream of
+        new jobs is worth waiting for."""
         for conn in self.conns():
             conn.paced_until = 0.0
             conn.prompt = True
@@ -544,8 +545,9 @@ class Dispatcher:
             return None
         conns = [c for c in self.conns() if c.free_slots > 0 and not kinds.isdisjoint(c.kinds)]
         if not conns:
-            # A claim in progress holds the slots of a worker for these kinds: it may have
-            # looked before this job is written, so it must not pace that worker (_pass).
+            # Something holds the slots of a worker for these kinds (a claim in progress,
+            # which may have looked before this job is written, or a delivery waiting out
+            # a quiet): its next claim must not pace that worker (_pass).
             for c in self.conns():
                 if c.reserved and not kinds.isdisjoint(c.kinds):
                     c.paced_until = 0.0

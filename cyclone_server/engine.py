@@ -566,8 +566,9 @@ class Engine:
         return [(str(r["step_id"]), r["outcome"]) for r in rows]
 
     async def next_due(self, kinds: Sequence[str]) -> float | None:
-        """Seconds until the next available step of `kinds` whose scheduled_at is ahead
-        becomes claimable (a backoff, a snooze, a scheduled job); None when there is none."""
+        """Seconds until the next available step of `kinds` becomes claimable (a backoff, a
+        snooze, a scheduled job); 0.0 when one is claimable now (a claim that came up short
+        did not get it: another transaction held its lock); None when there is none."""
         if not kinds:
             return None
         row = await self._one("steps_next_due", kinds=list(kinds))
@@ -602,8 +603,14 @@ class Engine:
         The run is read in the action's own transaction, while the action holds the run's
         lock: read after the commit, a fast worker could already have ended a retried or
         resumed run, and the answer to Retry would show a completed run. No other
-        transaction changes the run's row before this one commits; a step claimed or
-        renewed meanwhile (which does not touch the run) shows as the moment of the read."""
+        transaction changes the run's row before this one commits; a claim or renewal of
+        one of its steps (which takes no run lock) may show."""
+        applied, run = await self._act(action, run_id, node=node, deadline=deadline, read=True)
+        assert run is not None
+        return applied, run
+
+    async def _act(self, action: str, run_id: str, *, node: str | None = None, deadline: datetime | None = None,
+                   read: bool) -> tuple[bool, dict[str, Any] | None]:
         if action not in RUN_ACTIONS:
             raise ValueError(f"{action!r} is not a run action")
         if node is not None and not definitions.NODE_ID.match(node):
@@ -611,13 +618,19 @@ class Engine:
         rid = parse_id(run_id, "run_id")
         query = f"run_{action}"
         params = {"run_id": rid, **({"node": node, "deadline": deadline} if action == "retry" else {})}
+        run = None
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 cur = conn.cursor(row_factory=dict_row)
                 applied = (await (await cur.execute(Q[query], params)).fetchone())["applied"]  # type: ignore[index]
-                run = await (await cur.execute(Q["run_get"], {"run_id": rid})).fetchone()
-                assert run is not None  # locked by the action, which raised NotFound without it
-                run["steps"] = await (await cur.execute(Q["runs_steps"], {"run_ids": [rid]})).fetchall()
+                if read:  # both reads in one round trip, the run's lock held meanwhile
+                    async with conn.pipeline():
+                        run_cur = await conn.cursor(row_factory=dict_row).execute(Q["run_get"], {"run_id": rid})
+                        steps_cur = await conn.cursor(row_factory=dict_row).execute(
+                            Q["runs_steps"], {"run_ids": [rid]})
+                        run = await run_cur.fetchone()
+                        assert run is not None  # locked by the action, which raised NotFound without it
+                        run["steps"] = await steps_cur.fetchall()
         except psycopg.Error as e:
             translated = _translate(e)
             if translated is None:
@@ -630,17 +643,17 @@ class Engine:
         return applied, run
 
     async def cancel_run(self, run_id: str) -> bool:
-        return (await self.act("cancel", run_id))[0]
+        return (await self._act("cancel", run_id, read=False))[0]
 
     async def pause_run(self, run_id: str) -> bool:
-        return (await self.act("pause", run_id))[0]
+        return (await self._act("pause", run_id, read=False))[0]
 
     async def resume_run(self, run_id: str) -> bool:
-        return (await self.act("resume", run_id))[0]
+        return (await self._act("resume", run_id, read=False))[0]
 
     async def retry(self, run_id: str, node: str | None = None, *, deadline: datetime | None = None) -> bool:
         """Reopen one discarded node (`node`) or all of them (`node=None`)."""
-        return (await self.act("retry", run_id, node=node, deadline=deadline))[0]
+        return (await self._act("retry", run_id, node=node, deadline=deadline, read=False))[0]
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> tuple[str, str | None]:
         """Write a signal to the run's mailbox; returns (signal_id, consumed_by_step_id)."""

@@ -173,10 +173,12 @@ async def test_a_dag_batch_that_ends_a_child_run_settles_its_parent_node(engine:
 
 async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn) -> None:
     """The dispatcher's next due time (cyclone_steps_next_due) comes from the claim index: a
-    loose scan over the kind's priorities, then one probe each, whatever the backlog's size."""
+    loose scan over the kind's priorities, then one probe each, whatever the backlog's size.
+    A step claimable now makes it 0 (a claim came up short though one was there: another
+    transaction held its lock)."""
     await conn.execute("INSERT INTO cyclone_runs (id, state) VALUES ('00000000-0000-7000-8000-000000000001', "
                        "'running')")
-    # 30,000 claimable steps in three priorities, and two per priority due later.
+    # 30,000 claimable steps of k in three priorities, and two per priority due later, of k and of f.
     await conn.execute("""
         INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
                                    max_reclaims, attempt_timeout, backoff_initial, backoff_max)
@@ -186,11 +188,12 @@ async def test_next_due_reads_the_claim_index_per_priority(engine: Engine, conn)
     await conn.execute("""
         INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, priority, scheduled_at, max_attempts,
                                    max_reclaims, attempt_timeout, backoff_initial, backoff_max)
-        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'later' || p || '.' || h, 'k', 'task',
+        SELECT gen_random_uuid(), '00000000-0000-7000-8000-000000000001', 'later' || k || p || '.' || h, k, 'task',
                'available', p, now() + make_interval(hours => h + p), 25, 5, '600s', '1s', '600s'
-          FROM generate_series(0, 2) p, generate_series(1, 2) h""")
+          FROM generate_series(0, 2) p, generate_series(1, 2) h, unnest(ARRAY['k', 'f']) k""")
     await conn.execute("ANALYZE cyclone_steps")
-    due = await engine.next_due(["k", "other"])
+    assert await engine.next_due(["k", "other"]) == 0.0  # claimable now
+    due = await engine.next_due(["f", "other"])
     assert due is not None and 3500 < due <= 3600  # the earliest: priority 0, in one hour
     plans = [plan for text, plan in await nested_plans(conn, Q["steps_next_due"].replace("%(kinds)s", "%s"),
                                                        ["k", "other"]) if "WITH RECURSIVE" in text]

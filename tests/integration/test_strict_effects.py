@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 from engine_helpers import claim_one, run_row, start, states, step, task
 
@@ -106,6 +107,28 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
     # A worker without free slots asks for nothing.
     conn.slots = 1
     assert await dispatcher._pass() is None
+
+
+async def test_a_step_another_claim_locked_and_did_not_take_is_claimed_at_once_when_it_lets_go(
+        engine: Engine, db_url: str) -> None:
+    """Another server's claim for a worker of kinds x and y with one free slot locks the
+    first x and the first y step and takes one (x). This server's claim for a y worker,
+    meanwhile, skips the locked y step and comes up short. Nothing announces y when that
+    lock goes: the dispatcher looks again in MIN_DUE_WAIT while a step of its kinds is
+    claimable, not at its next wake-up or IDLE_POLL (10 s). Found by review."""
+    await engine.enqueue("x", input=1)
+    await engine.enqueue("y", input=2)
+    wb = WorkerConn(worker_id="wb", kinds=["y"], slots=1)
+    async with await psycopg.AsyncConnection.connect(db_url) as other, \
+            running_dispatcher(engine, wb, claim_pace=0) as dispatcher:
+        rows = await (await other.execute(
+            "SELECT kind FROM cyclone_steps_claim('wa', ARRAY['x', 'y'], 1, '30 s')")).fetchall()
+        assert rows == [("x",)]  # y stays locked until `other` commits
+        dispatcher.wake()  # as the other server's announcement would
+        await until(lambda: wb.paced_until > 0.0, "this server's claim for wb to come up short")
+        assert not wb.held
+        await other.commit()
+        await until(lambda: len(wb.held) == 1, "y's lease", deadline=3.0)
 
 
 async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out_a_pace(

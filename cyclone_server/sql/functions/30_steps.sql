@@ -118,8 +118,12 @@ BEGIN
           FROM cyclone_leases_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS l;
 END $$;
 
--- Seconds until the first available step of these kinds whose scheduled_at is still ahead
--- becomes claimable (NULL: none); the dispatcher asks after each pass that left slots free.
+-- Seconds until the first available step of these kinds becomes claimable (NULL: none; 0
+-- or less: one is claimable now); the dispatcher asks after a claim that got fewer rows than
+-- it asked for. A step claimable now is one that claim did not take: another transaction
+-- held its lock (another server's claim locks the first step of each of its kinds and
+-- releases, unannounced, those it does not take), or it became due after the claim began.
+-- The dispatcher then looks again at once (MIN_DUE_WAIT), not at the next wake-up.
 -- From cyclone_steps_claim (kind, priority, scheduled_at): per kind, a loose scan over its
 -- priorities, then one index probe per priority. In a function for its plan, kept as the
 -- claim's is: as a statement of its own it was planned again on every pass (its custom
@@ -145,7 +149,6 @@ BEGIN
                  FROM p WHERE p.priority IS NOT NULL)
            SELECT (SELECT s.scheduled_at FROM cyclone_steps s
                     WHERE s.kind = k.kind AND s.state = 'available' AND s.priority = p.priority
-                      AND s.scheduled_at > now()
                     ORDER BY s.scheduled_at LIMIT 1) AS at
              FROM p WHERE p.priority IS NOT NULL) n;
     RETURN seconds;
