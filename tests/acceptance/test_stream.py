@@ -22,7 +22,14 @@ DEADLINE = 30.0
 
 
 class RawWorker:
-    """A worker written against the stubs only: answers Pings, sorts what the server sends."""
+    """A worker written against the stubs only: answers Pings, sorts what the server sends.
+
+    Its writes go one at a time (write, done_writing): grpc.aio allows one write in flight
+    per call, and two at once end the call with INTERNAL "Internal error from Core" (20
+    streams of 20 broke within 100 tries of two concurrent writes). A Pong the reader wrote
+    while a test's write was in flight would end the stream that way, and the reader with
+    it, unseen: the test then waited its whole DEADLINE for leases. A `next` that times out
+    says how the reader ended (ended, broken)."""
 
     def __init__(self, channel: grpc.aio.Channel, kinds: list[str], slots: int, *,
                  worker_id: str | None = None, held: list[pb.LeaseRef] = (), pong: bool = True) -> None:
@@ -34,13 +41,23 @@ class RawWorker:
         self.pong = pong
         self.call: Any = None
         self._reader: asyncio.Task[None] | None = None
-        self.ended: grpc.aio.AioRpcError | None = None
+        self._writing = asyncio.Lock()
+        self.ended: grpc.aio.AioRpcError | None = None  # the status the stream ended with
+        self.broken: BaseException | None = None  # what else ended the reader
 
     async def connect(self) -> pb.Welcome:
         self.call = self.stub.Connect()
-        await self.call.write(pb.WorkerMessage(hello=self.hello))
+        await self.write(pb.WorkerMessage(hello=self.hello))
         self._reader = asyncio.create_task(self._read())
         return await self.next("welcome")
+
+    async def write(self, msg: pb.WorkerMessage) -> None:
+        async with self._writing:
+            await self.call.write(msg)
+
+    async def done_writing(self) -> None:
+        async with self._writing:
+            await self.call.done_writing()
 
     async def _read(self) -> None:
         try:
@@ -49,14 +66,25 @@ class RawWorker:
                 if which == "ping":
                     self.pings += 1
                     if self.pong:
-                        await self.call.write(pb.WorkerMessage(pong=pb.Pong(nonce=msg.ping.nonce)))
+                        await self.write(pb.WorkerMessage(pong=pb.Pong(nonce=msg.ping.nonce)))
                 else:
                     self.inbox[which].put_nowait(getattr(msg, which))
         except grpc.aio.AioRpcError as e:
             self.ended = e
+        except Exception as e:
+            self.broken = e
+            raise
 
     async def next(self, kind: str, timeout: float = DEADLINE) -> Any:
-        return await asyncio.wait_for(self.inbox[kind].get(), timeout)
+        try:
+            return await asyncio.wait_for(self.inbox[kind].get(), timeout)
+        except TimeoutError as e:
+            if self.broken is not None:
+                raise AssertionError(f"no {kind} within {timeout} s: the reader broke with {self.broken!r}") \
+                    from self.broken
+            if self.ended is not None:
+                e.add_note(f"the stream had ended: {self.ended.code()} {self.ended.details()!r}")
+            raise
 
     async def leases(self, n: int, timeout: float = DEADLINE) -> list[pb.Lease]:
         """The next `n` leases (they may come in several Leases messages)."""
@@ -72,7 +100,7 @@ class RawWorker:
         return out
 
     async def send(self, *results: pb.StepResult) -> None:
-        await self.call.write(pb.WorkerMessage(results=pb.Results(results=list(results))))
+        await self.write(pb.WorkerMessage(results=pb.Results(results=list(results))))
 
     async def close(self) -> None:
         if self.call is not None:
@@ -247,7 +275,7 @@ async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_n
                                snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
     (a,) = await w.acks(1)
     assert (a.step_id, a.status) == (lease.step_id, pb.ACK_STATUS_APPLIED)
-    await w.call.done_writing()
+    await w.done_writing()
     assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
     assert w.inbox["leases"].empty()
     step = await get_step(channel, job.run_id)
@@ -318,7 +346,7 @@ async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclai
                     await w.connect()
                     await until(lambda: claim_waits(watch))
                     w.pong = False
-                    await w.call.done_writing()
+                    await w.done_writing()
                     assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
             # (Polled until reclaimed: right after the lock goes, the claim may not have run yet.)
             step = await until(lambda: _reclaimed(channel, job.run_id), deadline=10)
@@ -403,7 +431,7 @@ async def test_a_bad_opening_ends_the_stream_with_invalid_argument(channel, firs
 async def test_a_second_hello_ends_the_stream_with_invalid_argument(workers) -> None:
     w = workers(["resize"], 1)
     await w.connect()
-    await w.call.write(pb.WorkerMessage(hello=w.hello))
+    await w.write(pb.WorkerMessage(hello=w.hello))
     await until(lambda: asyncio.sleep(0, w.ended))
     assert w.ended.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "hello" in w.ended.details()
@@ -424,7 +452,7 @@ async def test_a_half_closed_stream_gets_its_acks_then_ends_ok(channel, workers)
     await w.connect()
     leases = await w.leases(2)
     await w.send(*(completed(x) for x in leases))
-    await w.call.done_writing()
+    await w.done_writing()
     acks = await w.acks(2)
     assert {a.status for a in acks} == {pb.ACK_STATUS_APPLIED}
     assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
