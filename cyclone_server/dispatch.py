@@ -38,6 +38,10 @@ IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
 MIN_DUE_WAIT = 0.01
+# A step claimable now that a claim came up short of is locked by another transaction: the
+# dispatcher looks again in MIN_DUE_WAIT, doubling while it stays so, up to this (a long
+# cancel of a big fan-out, or a session left idle in a transaction, holds such locks).
+MAX_LOCKED_WAIT = 0.5
 # A worker for whom a claim got fewer rows than it asked for is claimed for again no
 # sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass).
 CLAIM_PACE = 0.01
@@ -323,9 +327,11 @@ class Dispatcher:
 
     Woken (coalesced) by `wake()` whenever steps may have become claimable. Steps that become
     claimable by the clock alone (a backoff, a snooze, a scheduled job) wake it too: after a
-    pass that left slots free, it asks when the next such step of those kinds is due and
-    sleeps until then (DECISIONS 3b: leased within 50 ms of becoming due). With nothing due
-    it looks again only every IDLE_POLL seconds.
+    pass whose claim came up short, it asks when the next step of those kinds is due and
+    sleeps until then (DECISIONS 3b: leased within 50 ms of becoming due). A step due now
+    that the claim did not get (another transaction held its lock) counts as due in
+    MIN_DUE_WAIT, doubling up to MAX_LOCKED_WAIT while that lasts. With nothing due it looks
+    again only every IDLE_POLL seconds.
     Workers are served round-robin so several workers of the same kinds share the backlog.
     """
 
@@ -343,6 +349,7 @@ class Dispatcher:
         self._turn = itertools.count()
         self._stopping = False
         self._due_in: float | None = None  # seconds from the last pass to the next due step
+        self._locked_passes = 0  # passes in a row that found a step due now but locked (MAX_LOCKED_WAIT)
         self._deferred: set[asyncio.Task[None]] = set()  # deliveries waiting out a worker's quiet
 
     def wake(self) -> None:
@@ -389,6 +396,8 @@ class Dispatcher:
             if self._stopping:
                 await self._deliveries()
                 return
+            if self._event.is_set():  # woken: something new, so a locked step's back-off starts over
+                self._locked_passes = 0
             self._event.clear()
             try:
                 self._due_in = await self._pass()
@@ -482,10 +491,14 @@ class Dispatcher:
                     conn.reserved -= want
         waits = [max(min(paced) - time.monotonic(), MIN_PACE_WAIT)] if paced else []
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
-        if waiting:
-            due = await self.engine.next_due(waiting)
-            if due is not None:
-                waits.append(max(due, MIN_DUE_WAIT))
+        due = await self.engine.next_due(waiting) if waiting else None
+        if due is not None and due <= 0.0:  # claimable now, yet the claims came up short: locked
+            due = min(MIN_DUE_WAIT * 2 ** min(self._locked_passes, 16), MAX_LOCKED_WAIT)
+            self._locked_passes += 1
+        else:
+            self._locked_passes = 0
+        if due is not None:
+            waits.append(max(due, MIN_DUE_WAIT))
         return min(waits, default=None)
 
     async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:

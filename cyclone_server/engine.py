@@ -623,14 +623,14 @@ class Engine:
             async with self.pool.connection() as conn, conn.transaction():
                 cur = conn.cursor(row_factory=dict_row)
                 applied = (await (await cur.execute(Q[query], params)).fetchone())["applied"]  # type: ignore[index]
-                if read:  # both reads in one round trip, the run's lock held meanwhile
+                if read:  # both reads in one round trip (the pipeline's sync), the run's lock held
                     async with conn.pipeline():
                         run_cur = await conn.cursor(row_factory=dict_row).execute(Q["run_get"], {"run_id": rid})
                         steps_cur = await conn.cursor(row_factory=dict_row).execute(
                             Q["runs_steps"], {"run_ids": [rid]})
-                        run = await run_cur.fetchone()
-                        assert run is not None  # locked by the action, which raised NotFound without it
-                        run["steps"] = await steps_cur.fetchall()
+                    run = await run_cur.fetchone()
+                    assert run is not None  # locked by the action, which raised NotFound without it
+                    run["steps"] = await steps_cur.fetchall()
         except psycopg.Error as e:
             translated = _translate(e)
             if translated is None:

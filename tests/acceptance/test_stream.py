@@ -56,6 +56,7 @@ class RawWorker:
             await self.call.write(msg)
 
     async def done_writing(self) -> None:
+        self.pong = False  # no write after the half-close (a Ping may still come)
         async with self._writing:
             await self.call.done_writing()
 

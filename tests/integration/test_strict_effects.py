@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from engine_helpers import claim_one, run_row, start, states, step, task
 
-from cyclone_server.dispatch import Dispatcher, WorkerConn
+from cyclone_server.dispatch import MAX_LOCKED_WAIT, MIN_DUE_WAIT, Dispatcher, WorkerConn
 from cyclone_server.engine import Engine, Job, Result
 
 pytestmark = pytest.mark.statemachine
@@ -112,7 +112,7 @@ async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when
 async def test_a_step_another_claim_locked_and_did_not_take_is_claimed_at_once_when_it_lets_go(
         engine: Engine, db_url: str) -> None:
     """Another server's claim for a worker of kinds x and y with one free slot locks the
-    first x and the first y step and takes one (x). This server's claim for a y worker,
+    first x and the first y step (up to its limit of each kind) and takes one (x). This server's claim for a y worker,
     meanwhile, skips the locked y step and comes up short. Nothing announces y when that
     lock goes: the dispatcher looks again in MIN_DUE_WAIT while a step of its kinds is
     claimable, not at its next wake-up or IDLE_POLL (10 s). Found by review."""
@@ -129,6 +129,30 @@ async def test_a_step_another_claim_locked_and_did_not_take_is_claimed_at_once_w
         assert not wb.held
         await other.commit()
         await until(lambda: len(wb.held) == 1, "y's lease", deadline=3.0)
+
+
+async def test_a_step_locked_for_long_is_looked_at_less_and_less_often_while_the_lock_lasts(
+        engine: Engine, db_url: str) -> None:
+    """A step claimable now that the claims cannot get (another session holds its lock:
+    a long cancel of a big fan-out, a session left idle in a transaction) is looked at
+    again in MIN_DUE_WAIT, doubling up to MAX_LOCKED_WAIT, not every 10 ms for as long as
+    the lock lasts; once it goes, the step is claimed within that wait, without a wake-up."""
+    await engine.enqueue("y", input=1)
+    wb = WorkerConn(worker_id="wb", kinds=["y"], slots=1)
+    async with await psycopg.AsyncConnection.connect(db_url) as other, \
+            running_dispatcher(engine, wb, claim_pace=0) as dispatcher:
+        await other.execute("SELECT 1 FROM cyclone_steps WHERE kind = 'y' FOR UPDATE")
+        dispatcher.wake()
+        await until(lambda: dispatcher._locked_passes >= 1, "a pass to find y locked")
+        for _ in range(6):  # each pass waits twice as long as the one before
+            n = dispatcher._locked_passes
+            assert dispatcher._due_in == min(MIN_DUE_WAIT * 2 ** (n - 1), MAX_LOCKED_WAIT)
+            await until(lambda: dispatcher._locked_passes > n, "the next pass")
+        assert dispatcher._due_in == MAX_LOCKED_WAIT  # 10 ms doubled five times, then capped
+        assert not wb.held
+        await other.commit()
+        await until(lambda: len(wb.held) == 1, "y's lease", deadline=5.0)
+    assert dispatcher._locked_passes == 0
 
 
 async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out_a_pace(

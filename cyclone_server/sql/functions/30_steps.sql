@@ -121,9 +121,10 @@ END $$;
 -- Seconds until the first available step of these kinds becomes claimable (NULL: none; 0
 -- or less: one is claimable now); the dispatcher asks after a claim that got fewer rows than
 -- it asked for. A step claimable now is one that claim did not take: another transaction
--- held its lock (another server's claim locks the first step of each of its kinds and
--- releases, unannounced, those it does not take), or it became due after the claim began.
--- The dispatcher then looks again at once (MIN_DUE_WAIT), not at the next wake-up.
+-- held its lock (a concurrent claim, which locks up to its limit of steps of each of its
+-- kinds and lets go, unannounced, of those beyond its limit in all; an Enqueue's claim;
+-- a run action), or it became due after the claim began. The dispatcher then looks again
+-- soon (MIN_DUE_WAIT, doubling while the lock lasts), not at the next wake-up.
 -- From cyclone_steps_claim (kind, priority, scheduled_at): per kind, a loose scan over its
 -- priorities, then one index probe per priority. In a function for its plan, kept as the
 -- claim's is: as a statement of its own it was planned again on every pass (its custom
