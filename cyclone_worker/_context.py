@@ -85,7 +85,9 @@ class CancelFlag:
             set_event(self._loop, event)
 
 
-_LAZY = threading.Lock()  # CancelFlag: a flag's set() against the first wait that makes its events
+# CancelFlag: orders set() against the first wait that makes its events. Re-entrant: a
+# signal handler may call set() while its thread makes them.
+_LAZY = threading.RLock()
 
 
 def set_event(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
