@@ -158,6 +158,19 @@ class WorkerConn:
         self._quiet_over.set()
         return True
 
+    def unpace(self) -> None:
+        """Work came that a claim in progress may not have seen: no pace now, nor from the
+        next claim (Dispatcher.unpace)."""
+        self.paced_until = 0.0
+        self.prompt = True
+
+    def claimed(self, pace_until: float | None) -> None:
+        """A claim for this worker ended; `pace_until`: it came up short, so no claim before
+        then, unless work came that it may not have seen (prompt)."""
+        if pace_until is not None and not self.prompt:
+            self.paced_until = pace_until
+        self.prompt = False
+
     async def quiet_over(self) -> None:
         """Return once the quiet after a zero-delay snooze is over (at once when there is none)."""
         while self.quiet:
@@ -362,8 +375,7 @@ class Dispatcher:
         before they were written) from starting one (WorkerConn.prompt). Only a stream of
         new jobs is worth waiting for."""
         for conn in self.conns():
-            conn.paced_until = 0.0
-            conn.prompt = True
+            conn.unpace()
 
     async def stop(self) -> None:
         """Make `run` return after the pass in progress and the deliveries it deferred (deliver),
@@ -469,9 +481,7 @@ class Dispatcher:
                 if want <= 0:
                     continue
                 if not kinds:  # a claim of this pass found every one of them empty
-                    if not conn.prompt:
-                        conn.paced_until = began + self.claim_pace
-                    conn.prompt = False
+                    conn.claimed(began + self.claim_pace)
                     continue
                 conn.reserved += want
                 try:
@@ -481,11 +491,10 @@ class Dispatcher:
                     except psycopg.DataError as e:  # this worker's data, not the database: serve the others
                         log.warning("claim for worker %r failed: %s", conn.worker_id, e)
                         continue
-                    prompt, conn.prompt = conn.prompt, False
-                    if len(rows) < want:
+                    short = len(rows) < want
+                    if short:
                         exhausted.update(kinds)
-                        if not prompt:
-                            conn.paced_until = claimed + self.claim_pace
+                    conn.claimed(claimed + self.claim_pace if short else None)
                     await self.deliver(conn, rows, claimed)
                 finally:
                     conn.reserved -= want
@@ -563,8 +572,7 @@ class Dispatcher:
             # a quiet): its next claim must not pace that worker (_pass).
             for c in self.conns():
                 if c.reserved and not kinds.isdisjoint(c.kinds):
-                    c.paced_until = 0.0
-                    c.prompt = True
+                    c.unpace()
             return None
         conn = conns[next(self._turn) % len(conns)]
         served = [k for k in conn.kinds if k in kinds]

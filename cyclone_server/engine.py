@@ -17,7 +17,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -203,6 +203,18 @@ def _translate(e: psycopg.Error) -> CycloneError | None:
     return cls(e.diag.message_primary or str(e)) if cls is not None else None
 
 
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """Raise an error a SQL function raised on purpose as its CycloneError (_translate)."""
+    try:
+        yield
+    except psycopg.Error as e:
+        translated = _translate(e)
+        if translated is None:
+            raise
+        raise translated from e
+
+
 def _jobs_payload(jobs: Sequence[PreparedJob]) -> Jsonb:
     """cyclone_jobs_enqueue's p_jobs for prepared jobs."""
     return Jsonb([{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
@@ -311,16 +323,11 @@ class Engine:
         """The rows of the named query, made by `row_factory`; a database error that means
         bad input becomes its CycloneError; new work is announced after the statements that
         may have made some."""
-        try:
+        with _translated():
             async with self.pool.connection() as conn:
                 cur = conn.cursor(row_factory=row_factory)
                 await cur.execute(Q[query], params)
                 rows = await cur.fetchall() if cur.description else []
-        except psycopg.Error as e:
-            translated = _translate(e)
-            if translated is None:
-                raise
-            raise translated from e
         if rows and query in MAY_MAKE_AVAILABLE:
             self.announce(jobs_only=query in JOBS_WRITTEN)
         return rows
@@ -619,7 +626,7 @@ class Engine:
         query = f"run_{action}"
         params = {"run_id": rid, **({"node": node, "deadline": deadline} if action == "retry" else {})}
         run = None
-        try:
+        with _translated():
             async with self.pool.connection() as conn, conn.transaction():
                 cur = conn.cursor(row_factory=dict_row)
                 applied = (await (await cur.execute(Q[query], params)).fetchone())["applied"]  # type: ignore[index]
@@ -631,11 +638,6 @@ class Engine:
                     run = await run_cur.fetchone()
                     assert run is not None  # locked by the action, which raised NotFound without it
                     run["steps"] = await steps_cur.fetchall()
-        except psycopg.Error as e:
-            translated = _translate(e)
-            if translated is None:
-                raise
-            raise translated from e
         if query in MAY_MAKE_AVAILABLE:
             self.announce()
         if action != "pause":
