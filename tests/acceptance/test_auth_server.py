@@ -245,9 +245,10 @@ async def test_mtls_without_tokens_on_all_interfaces(start_server: Callable[...,
     worker.register("a", lambda ctx: {"over": "mtls"})
     async with Client(address, tls=mtls) as client, worker:
         await client.register(Workflow("base").task("a"))
+        await client.register(Workflow("unserved").task("b"))  # no worker takes b: the run waits to be cancelled
         run_id = await client.submit("base")
         assert await client.result(run_id, timeout=DEADLINE) == {"a": {"over": "mtls"}}
-        assert (await client.cancel(await client.submit("base"))).state == "cancelled"  # mTLS alone: every role
+        assert (await client.cancel(await client.submit("unserved"))).state == "cancelled"  # mTLS alone: every role
     assert await health(address, grpc.ssl_channel_credentials(ca)) == grpc.StatusCode.UNAVAILABLE  # no client cert
     assert await health(address) == grpc.StatusCode.UNAVAILABLE
     listed = cli(address, "runs", "list", "--ca-file", str(certs / "ca.pem"), "--client-cert",
