@@ -110,6 +110,7 @@ class WorkerConn:
     draining: bool = False  # the worker half-closed: ack what it sent, then end
     closed: bool = False
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
+    quiet_for: float = 0.0  # the quiet's length, from the snooze and again from its ack (hush, forget)
     paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
     prompt: bool = False  # its next claim paces it not: work came that that claim may not see (Dispatcher.unpace)
     nonce: int = 0  # of the last Ping sent
@@ -145,6 +146,7 @@ class WorkerConn:
         out now: a worker that carries on answers it at once, so its snoozed step comes
         back to it within a round trip, not `seconds` (DECISIONS 3b: a due step is leased
         within 50 ms); a stopping one has half-closed, or no longer answers pings."""
+        self.quiet_for = seconds
         self.quiet_until = time.monotonic() + seconds
         self._quiet_over.clear()
         self.ping()
@@ -194,11 +196,17 @@ class WorkerConn:
         return held
 
     def forget(self, key: LeaseKey) -> HeldLease | None:
-        """The lease `key` is over (acked, stopped or refused)."""
+        """The lease `key` is over (acked, stopped or refused). When it was handed back and
+        the worker has said nothing since, the quiet lasts `quiet_for` from now: the
+        half-close that may follow the ack is what it waits for, and on a loaded machine the
+        snooze's commit alone can outlast a quiet counted from the snooze (the caller wakes
+        the dispatcher at its end)."""
         held = self.held.pop(key, None)
         if held is not None:
             self.answered -= held.slot_freed
             self.handing_back -= held.handed_back
+            if held.handed_back and self.quiet_until:
+                self.quiet_until = max(self.quiet_until, time.monotonic() + self.quiet_for)
         return held
 
     def send(self, msg: pb.ServerMessage) -> None:
@@ -741,11 +749,14 @@ class ResultCommitter:
             else:
                 msg.acks.acks.add(step_id=wire_step_id, lease_generation=r.generation,
                                   status=ACK_OF_STATUS[status], detail=DETAIL_OF_STATUS[status])
+        now = time.monotonic()
         for conn, msg in acks.items():
             conn.send(msg)
             conn.unacked -= len(msg.acks.acks)
             if conn.draining and conn.unacked == 0:
                 conn.end()
+            if conn.quiet:  # a hand-back's ack: a pass at the quiet's end (WorkerConn.forget)
+                asyncio.get_running_loop().call_later(conn.quiet_until - now, self.on_applied)
         self.on_applied()
 
     def _count(self, kind: str, r: Result, status: str) -> None:

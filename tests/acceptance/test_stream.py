@@ -17,6 +17,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
+from cyclone_server.dispatch import HANDBACK_QUIET
 
 DEADLINE = 30.0
 
@@ -284,6 +285,34 @@ async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_n
         types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
 
 
+async def test_the_quiet_after_a_hand_back_counts_from_its_ack_when_the_commit_outlasts_it(
+        channel, workers, db_url) -> None:
+    """As above, on a machine so loaded that the snooze's commit takes longer than
+    HANDBACK_QUIET (here a lock on the run holds it up): the ack ends the wait for the
+    snooze, and a quiet counted from the snooze would be over by then, so the step went
+    straight back to a worker about to half-close. The quiet lasts HANDBACK_QUIET from the
+    ack as well."""
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 2, pong=False)
+    await w.connect()
+    (lease,) = await w.leases(1)
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", [lease.run_id])
+            await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
+            with pytest.raises(TimeoutError):  # the snooze waits for the lock, longer than the quiet
+                await w.next("acks", timeout=3 * HANDBACK_QUIET)
+    (a,) = await w.acks(1)
+    assert (a.step_id, a.status) == (lease.step_id, pb.ACK_STATUS_APPLIED)
+    await w.done_writing()
+    assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
+    assert w.inbox["leases"].empty()
+    step = await get_step(channel, job.run_id)
+    assert (step.state, step.attempt, step.snoozes, step.reclaims, step.lease_generation) == (
+        types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
+
+
 async def test_a_hand_back_is_answered_with_a_ping_and_a_worker_that_carries_on_gets_its_step_back(
         db_url, start_server) -> None:
     """After a zero-delay snooze the server pings the worker at once (heartbeats come every
@@ -397,7 +426,8 @@ async def test_unknown_and_malformed_steps_are_refused_unknown(workers) -> None:
 
 
 async def test_an_output_that_cannot_be_stored_is_invalid_and_spares_the_rest_of_the_batch(channel, workers) -> None:
-    await enqueue(channel, "resize", 2)
+    # The retry of `bad` is due in a minute: its second answer meets an ended lease, not a new one.
+    await enqueue(channel, "resize", 2, backoff_initial=duration_pb2.Duration(seconds=60))
     w = workers(["resize"], 2)
     await w.connect()
     bad, good = await w.leases(2)
