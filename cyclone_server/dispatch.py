@@ -32,8 +32,9 @@ LeaseKey = tuple[str, int]  # (step_id, lease_generation)
 
 # The longest retry delay or snooze a worker may ask for, as for a node's backoff settings.
 MAX_DELAY_SECONDS = MAX_SECONDS
-# With nothing due, the dispatcher still looks once in this many seconds: a safety net for
-# a wake-up lost with a LISTEN connection, not the way due steps are found.
+# The dispatcher looks at least once in this many seconds, however far the next due step
+# is: a safety net for a wake-up lost with a LISTEN connection, not the way due steps are
+# found.
 IDLE_POLL = 10.0
 # The soonest the dispatcher looks again for a step it was told is due (a step that is due
 # but locked by another server's claim must not make it spin).
@@ -351,7 +352,7 @@ class Dispatcher:
     pass whose claim came up short, it asks when the next step of those kinds is due and
     sleeps until then (DECISIONS 3b: leased within 50 ms of becoming due). A step due now
     that the claim did not get (another transaction held its lock) counts as due in
-    MIN_DUE_WAIT, doubling up to MAX_LOCKED_WAIT while that lasts. With nothing due it looks
+    MIN_DUE_WAIT, doubling up to MAX_LOCKED_WAIT while that lasts. With nothing due soon it looks
     again only every IDLE_POLL seconds.
     Workers are served round-robin so several workers of the same kinds share the backlog.
     """
@@ -409,7 +410,9 @@ class Dispatcher:
         while True:
             try:
                 # asyncio.timeout, not wait_for (see ResultCommitter._gather).
-                async with asyncio.timeout(IDLE_POLL if self._due_in is None else self._due_in):
+                # The safety net holds whatever is due: a step due tomorrow is no reason to
+                # miss a lost wake-up until then.
+                async with asyncio.timeout(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL)):
                     await self._event.wait()
             except TimeoutError:
                 pass

@@ -20,6 +20,7 @@ from test_metrics_server import metrics_port, scrape
 from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, one_lease, until, workers  # noqa: F401 (a fixture)
 
 MIB = 1 << 20
+LATER = duration_pb2.Duration(seconds=60)  # a retry stays available while the test looks at it
 
 
 def failed(lease: pb.Lease, message: str = "boom", **kw: Any) -> pb.StepResult:
@@ -52,7 +53,7 @@ async def test_two_answers_to_one_lease_in_one_message_get_applied_then_ended(db
 
 
 async def test_a_failure_message_with_nul_is_stored_with_the_replacement_character(channel, workers, engine) -> None:
-    (job,) = await enqueue(channel, "resize", max_attempts=3)
+    (job,) = await enqueue(channel, "resize", max_attempts=3, backoff_initial=LATER)
     w = workers(["resize"], 1)
     await w.connect()
     (lease,) = await w.leases(1)

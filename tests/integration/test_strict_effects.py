@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from engine_helpers import claim_one, run_row, start, states, step, task
 
+from cyclone_server import dispatch
 from cyclone_server.dispatch import MAX_LOCKED_WAIT, MIN_DUE_WAIT, Dispatcher, WorkerConn
 from cyclone_server.engine import Engine, Job, Result
 
@@ -256,6 +257,21 @@ async def test_a_runs_next_step_made_claimable_by_a_result_is_claimed_without_wa
         assert status == "applied"
         conn.forget(key)
         await until(lambda: len(conn.held) == 1, "b's lease", deadline=5.0)  # not a minute later
+
+
+async def test_a_step_due_far_ahead_does_not_keep_the_dispatcher_from_its_safety_net_look(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher sleeps until the next due step, but never longer than IDLE_POLL: a
+    step due in an hour must not keep it from finding, within IDLE_POLL, work whose
+    wake-up was lost (here a step made due by a statement that announces nothing)."""
+    monkeypatch.setattr(dispatch, "IDLE_POLL", 0.3)
+    conn = WorkerConn(worker_id="w1", kinds=["later"], slots=4)
+    async with running_dispatcher(engine, conn, claim_pace=0) as dispatcher:
+        run_id, step_id, _ = await engine.enqueue("later", scheduled_at=datetime.now(timezone.utc) + timedelta(hours=1))
+        await until(lambda: (dispatcher._due_in or 0.0) > 3000, "a pass that found the step due in an hour")
+        async with engine.pool.connection() as c:
+            await c.execute("UPDATE cyclone_steps SET scheduled_at = now() WHERE id = %s", [step_id])
+        await until(lambda: len(conn.held) == 1, "the lease, found by the safety net's look", deadline=5.0)
 
 
 @contextlib.asynccontextmanager
