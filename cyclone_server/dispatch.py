@@ -200,8 +200,9 @@ class WorkerConn:
         """The lease `key` is over (acked, stopped or refused). When it was handed back and
         the worker has said nothing since, the quiet lasts `quiet_for` from now: the
         half-close that may follow the ack is what it waits for, and on a loaded machine the
-        snooze's commit alone can outlast a quiet counted from the snooze (the caller wakes
-        the dispatcher at its end)."""
+        snooze's commit alone can outlast a quiet counted from the snooze. The snooze's ack
+        (ResultCommitter._acknowledge) wakes the dispatcher at the quiet's end; a hand-back
+        forgotten otherwise (a Stop while its result is applied) is acked too, later."""
         held = self.held.pop(key, None)
         if held is not None:
             self.answered -= held.slot_freed
