@@ -261,48 +261,34 @@ async def test_no_lease_is_pushed_to_a_worker_while_its_snooze_waits_for_its_ack
     assert (again[first.step_id].attempt, again[first.step_id].lease_generation) == (1, first.lease_generation + 1)
 
 
+@pytest.mark.parametrize("commit_outlasts_quiet", [False, True], ids=["commit-fast", "commit-outlasts-quiet"])
 async def test_a_worker_that_half_closes_once_its_hand_back_is_acked_is_pushed_nothing_in_between(
-        channel, workers) -> None:
+        channel, workers, db_url, commit_outlasts_quiet) -> None:
     """A stopping worker hands back the leases it did not start (zero-delay snoozes) and
     half-closes right after. On a loaded machine the server could ack the snooze before it
     read the half-close, and push the step, claimable again at once, back to that worker:
     it would never run it (and the lease, claimed again, counted a reclaim). After a
     zero-delay snooze a worker gets no lease until its next message shows it carries on,
-    or HANDBACK_QUIET passes: this worker half-closes only once the ack is in."""
+    or HANDBACK_QUIET passes: this worker half-closes only once the ack is in.
+
+    commit-outlasts-quiet: the snooze's commit takes longer than HANDBACK_QUIET (a lock
+    on the run holds it up, as a loaded machine could), so a quiet counted from the
+    snooze alone would be over by the ack; it lasts HANDBACK_QUIET from the ack as well."""
     (job,) = await enqueue(channel, "resize")
     w = workers(["resize"], 2, pong=False)
     await w.connect()
     (lease,) = await w.leases(1)
-    await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
-                               snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
-    (a,) = await w.acks(1)
-    assert (a.step_id, a.status) == (lease.step_id, pb.ACK_STATUS_APPLIED)
-    await w.done_writing()
-    assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
-    assert w.inbox["leases"].empty()
-    step = await get_step(channel, job.run_id)
-    assert (step.state, step.attempt, step.snoozes, step.reclaims, step.lease_generation) == (
-        types_pb2.STEP_STATE_AVAILABLE, 1, 1, 0, lease.lease_generation)
-
-
-async def test_the_quiet_after_a_hand_back_counts_from_its_ack_when_the_commit_outlasts_it(
-        channel, workers, db_url) -> None:
-    """As above, on a machine so loaded that the snooze's commit takes longer than
-    HANDBACK_QUIET (here a lock on the run holds it up): the ack ends the wait for the
-    snooze, and a quiet counted from the snooze would be over by then, so the step went
-    straight back to a worker about to half-close. The quiet lasts HANDBACK_QUIET from the
-    ack as well."""
-    (job,) = await enqueue(channel, "resize")
-    w = workers(["resize"], 2, pong=False)
-    await w.connect()
-    (lease,) = await w.leases(1)
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
-        async with conn.transaction():
-            await conn.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", [lease.run_id])
-            await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
-                                       snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
-            with pytest.raises(TimeoutError):  # the snooze waits for the lock, longer than the quiet
-                await w.next("acks", timeout=3 * HANDBACK_QUIET)
+    hand_back = pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                              snoozed=pb.Snoozed(delay=duration_pb2.Duration()))
+    if commit_outlasts_quiet:
+        async with await psycopg.AsyncConnection.connect(db_url) as conn:
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", [lease.run_id])
+                await w.send(hand_back)
+                with pytest.raises(TimeoutError):  # the snooze waits for the lock, longer than the quiet
+                    await w.next("acks", timeout=3 * HANDBACK_QUIET)
+    else:
+        await w.send(hand_back)
     (a,) = await w.acks(1)
     assert (a.step_id, a.status) == (lease.step_id, pb.ACK_STATUS_APPLIED)
     await w.done_writing()
