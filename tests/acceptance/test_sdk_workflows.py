@@ -145,16 +145,17 @@ async def test_retryable_failures_retry_and_snoozes_keep_the_attempt(server: Any
 
 async def test_a_permanent_failure_fails_the_run_fast_and_cancels_the_rest(server: Any, client: Client) -> None:
     await client.register(Workflow("checkout").task("charge").task("pack").task("ship", deps=["charge", "pack"]))
-    pack_cancelled = asyncio.Event()
+    pack_started, pack_cancelled = asyncio.Event(), asyncio.Event()
     worker = Worker(server.address, slots=2)
 
     @worker.handler("charge")
     async def charge(ctx: Context) -> None:
-        await asyncio.sleep(0.3)  # let "pack" start first
+        await pack_started.wait()  # "pack" runs when the run fails: it is cancelled, not left available
         raise Permanent("card declined")
 
     @worker.handler("pack")
     async def pack(ctx: Context) -> None:
+        pack_started.set()
         try:
             await asyncio.sleep(DEADLINE)  # far longer than the test may take
         finally:
