@@ -33,7 +33,9 @@ async def client(server: Any) -> Any:
 async def test_pause_during_each_kind_of_wait_keeps_the_time_left_and_holds_signals_until_resume(
         server: Any, client: Client) -> None:
     # waiting_timer | waiting_signal | waiting_child -> paused -> back; (run) running -> paused -> running.
-    durations = {"nap": 2.5, "sig": 3.0, "kid": 3.5}
+    # Each wait outlasts the set-up and the 1.5 s before the pause by 2 s or more, so that
+    # the pause comes before any of them ends, even on a loaded machine.
+    durations = {"nap": 4.0, "sig": 4.5, "kid": 5.0}
     await client.register(Workflow("sub").task("ct"))
     await client.register(Workflow("pausable").sleep("nap", durations["nap"])
                           .signal("sig", max_wait=durations["sig"]).child("kid", "sub", max_wait=durations["kid"])
@@ -62,7 +64,7 @@ async def test_pause_during_each_kind_of_wait_keeps_the_time_left_and_holds_sign
         await client.signal(run_id, "go", {"approved": True})  # kept in the mailbox
         # Paused longer than any wait had left: had the clocks run on, every wait would have
         # ended. A paused run is not terminal, so WaitRun waits out its timeout.
-        run = await client.wait(run_id, timeout=2.5)
+        run = await client.wait(run_id, timeout=3.5)
         assert run.state == "paused" and states(run) == states(paused)
         assert (await client.get(child_id)).state == "running"  # a pause does not pause the child runs
 
