@@ -215,6 +215,27 @@ def _translated() -> Iterator[None]:
         raise translated from e
 
 
+Issue = Callable[..., Awaitable[psycopg.AsyncCursor[dict[str, Any]]]]
+
+
+def _issuer(conn: psycopg.AsyncConnection[Any]) -> Issue:
+    """Sends a named query on `conn` and returns its cursor; in a pipeline the rows are
+    waited for only when read."""
+    async def issue(query: str, /, **params: Any) -> psycopg.AsyncCursor[dict[str, Any]]:
+        return await conn.cursor().execute(Q[query], params)
+    return issue
+
+
+async def _run_with_steps(issue: Issue, rid: uuid.UUID) -> dict[str, Any] | None:
+    """The run `rid` with its steps (None: no such run); both queries are sent before either
+    is read, so in a pipeline they share one round trip."""
+    run, steps = await issue("run_get", run_id=rid), await issue("runs_steps", run_ids=[rid])
+    row = await run.fetchone()
+    if row is not None:
+        row["steps"] = await steps.fetchall()
+    return row
+
+
 def _jobs_payload(jobs: Sequence[PreparedJob]) -> Jsonb:
     """cyclone_jobs_enqueue's p_jobs for prepared jobs."""
     return Jsonb([{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
@@ -628,16 +649,12 @@ class Engine:
         run = None
         with _translated():
             async with self.pool.connection() as conn, conn.transaction():
-                cur = conn.cursor(row_factory=dict_row)
-                applied = (await (await cur.execute(Q[query], params)).fetchone())["applied"]  # type: ignore[index]
-                if read:  # both reads in one round trip (the pipeline's sync), the run's lock held
+                issue = _issuer(conn)
+                applied = (await (await issue(query, **params)).fetchone())["applied"]  # type: ignore[index]
+                if read:  # both reads in one round trip (pipelined), the run's lock held
                     async with conn.pipeline():
-                        run_cur = await conn.cursor(row_factory=dict_row).execute(Q["run_get"], {"run_id": rid})
-                        steps_cur = await conn.cursor(row_factory=dict_row).execute(
-                            Q["runs_steps"], {"run_ids": [rid]})
-                    run = await run_cur.fetchone()
+                        run = await _run_with_steps(issue, rid)
                     assert run is not None  # locked by the action, which raised NotFound without it
-                    run["steps"] = await steps_cur.fetchall()
         if query in MAY_MAKE_AVAILABLE:
             self.announce()
         if action != "pause":
@@ -690,17 +707,13 @@ class Engine:
     # ids and intervals into strings); the steps of a whole ListRuns page are one statement.
 
     @contextlib.asynccontextmanager
-    async def _snapshot(self) -> AsyncIterator[Callable[..., Awaitable[psycopg.AsyncCursor[dict[str, Any]]]]]:
+    async def _snapshot(self) -> AsyncIterator[Issue]:
         """Named queries that all see the database at one moment. Pipelined: a query is sent
         when issued, and its cursor waits for its rows only when read, so the queries that
         need no earlier answer share one round trip."""
         async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
             await conn.execute(Q["read_snapshot"])
-
-            async def issue(query: str, /, **params: Any) -> psycopg.AsyncCursor[dict[str, Any]]:
-                return await conn.cursor().execute(Q[query], params)
-
-            yield issue
+            yield _issuer(conn)
 
     async def get_run(self, run_id: str, *, steps: bool = True) -> dict[str, Any]:
         rid = parse_id(run_id, "run_id")
@@ -708,10 +721,7 @@ class Engine:
             row = await self._one("run_get", run_id=rid)
         else:
             async with self._snapshot() as issue:
-                run, run_steps = await issue("run_get", run_id=rid), await issue("runs_steps", run_ids=[rid])
-                row = await run.fetchone()
-                if row is not None:
-                    row["steps"] = await run_steps.fetchall()
+                row = await _run_with_steps(issue, rid)
         if row is None:
             raise NotFound(f"run {run_id} not found")
         return row
