@@ -145,7 +145,7 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     # The SQL files as they were at the last landing (git archive of that commit): a
     # function whose parameters were renamed or removed must be dropped before it is
     # created again, or the upgrade fails where a fresh database does not.
-    landed = Path(__file__).parent / "fixtures" / "sql_landed_decd04c"
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_396a624"
     use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
     migrate(empty_db_url)
     use_files(migrations(), functions())
