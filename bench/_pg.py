@@ -4,6 +4,10 @@ table and index sizes)."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -74,6 +78,50 @@ def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU used between the snapshots by the processes alive at the second one (new ones from 0).
     Processes that exited in between (an autovacuum worker) are not counted."""
     return sum(t - before.get(pid, 0.0) for pid, t in after.items())
+
+
+class CpuSampler:
+    """CPU seconds used by groups of processes over a phase, processes that come and go
+    included (a connection opened and closed within the phase): a thread reads them every
+    `interval` and keeps each process's last reading.
+
+        sampler = CpuSampler({"server": lambda: [pid], "postgres": lambda: postgres_pids(pg)})
+        ... the phase ...
+        seconds = sampler.stop()   # {"server": 1.2, "postgres": 0.8}
+
+    A process that starts and exits between two readings is missed; the bench's processes
+    live longer than that. The sampling thread's own CPU is left out of a group that holds
+    this process."""
+
+    def __init__(self, groups: dict[str, Callable[[], list[int]]], interval: float = 0.05) -> None:
+        self._groups = groups
+        self._interval = interval
+        self._first = {name: cpu_seconds(pids()) for name, pids in groups.items()}
+        self._last = {name: dict(first) for name, first in self._first.items()}
+        self._done = threading.Event()
+        self._own = 0.0  # the sampling thread's CPU seconds
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        for name, pids in self._groups.items():
+            try:
+                self._last[name].update(cpu_seconds(pids()))
+            except psutil.Error:  # the postmaster's children changed while listed: read again next time
+                pass
+
+    def _sample(self) -> None:
+        while not self._done.wait(self._interval):
+            self._read()
+        self._own = time.thread_time()
+
+    def stop(self) -> dict[str, float]:
+        self._done.set()
+        self._thread.join()
+        self._read()
+        me = os.getpid()
+        return {name: sum(t - self._first[name].get(pid, 0.0) for pid, t in last.items())
+                - (self._own if me in last else 0.0) for name, last in self._last.items()}
 
 
 def statements(url: str) -> dict[int, dict]:

@@ -20,7 +20,14 @@ processes with no-op handlers, and the load generator. It prints one table:
 - the transport's floor: a bare grpc.aio server whose Enqueue answers a constant, called
   by the same client with the same 64 calls in flight (`_grpc_floor.py`), against the
   rate at which Cyclone answered its Enqueue calls (each once its job committed, while
-  the workers drained them).
+  the workers drained them);
+- CPU per job, read from each process every 50 ms: in the Enqueue-per-job phase for the
+  server, Postgres (every backend), the workers and the load generator; in the raw-SQL
+  baseline for Postgres and its client;
+- the ceiling: the Enqueue-per-job rate if the server cost no more per job than the bare
+  constant-answer server costs per call, with the load generator at the floor's cost, the
+  workers and Postgres at their measured cost, and every core busy. No change to the
+  server alone can take the phase past it.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -43,6 +52,7 @@ from cyclone_worker import Client, Context, Job, Worker
 
 from _common import DAG_NODES, bench_dag, note, start_server  # bench/ is sys.path[0] when run as a script
 from _grpc_floor import grpc_floor
+from _pg import CpuSampler, postgres_pids
 
 KIND = "noop"
 DAG = bench_dag(KIND)
@@ -102,15 +112,19 @@ async def wait_workers(client: Client, workers: int, timeout: float = 60) -> Non
         await asyncio.sleep(0.05)
 
 
-async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int, workers: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+async def bench_cyclone(url: str, address: str, jobs: int, runs: int, batch: int, workers: int,
+                        meter: Callable[[], CpuSampler]) -> dict[str, Any]:
+    """The phases' rates; `meter()` starts measuring the CPU of the Enqueue-per-job phase."""
+    out: dict[str, Any] = {}
     async with Client(address, enqueue_calls=0) as single:
         await wait_workers(single, workers)
         note(f"enqueueing {jobs} standalone jobs, one Enqueue call each")
+        sampler = meter()
         t0 = time.monotonic()
         await submit_concurrently([single.enqueue(KIND, {"i": i}) for i in range(jobs)])
         out["jobs_calls_per_s"] = jobs / (time.monotonic() - t0)  # every call answered (its job committed)
         out["jobs_steps_per_s"] = jobs / (await wait_all_done(url, jobs) - t0)
+        out["jobs_cpu_us"] = {name: seconds / jobs * 1e6 for name, seconds in sampler.stop().items()}
         done = jobs
     async with Client(address) as client:
         await client.register(DAG)
@@ -229,19 +243,30 @@ def main() -> None:
                        for _ in range(args.workers)]
             for w in workers:
                 w.start()
+            me, server_pid, worker_pids = os.getpid(), server.pid, [w.pid for w in workers]
+            groups = {"server": lambda: [server_pid], "postgres": lambda: postgres_pids(pg),
+                      "workers": lambda: worker_pids, "client": lambda: [me]}
             try:
-                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch, args.workers))
+                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch, args.workers,
+                                                lambda: CpuSampler(groups)))
             finally:
                 for w in workers:
                     w.terminate()
                 server.terminate()
                 server.wait(30)
             note("baseline: raw SQL")
+            sampler = CpuSampler({"postgres": lambda: postgres_pids(pg), "client": lambda: [me]})
             raw = asyncio.run(bench_raw(pg.url("bench_raw"), args.jobs, connections=args.workers * 2))
+            raw_cpu = {name: seconds / args.jobs * 1e6 for name, seconds in sampler.stop().items()}
         finally:
             pg.stop()
     note("floor: a bare grpc.aio server answering Enqueue with a constant")
     floor = grpc_floor(args.jobs, KIND)
+    cpu = cyc["jobs_cpu_us"]
+    # What the Enqueue-per-job phase could reach if the server cost no more per job than the
+    # bare constant-answer server does per call, everything else (client, workers, Postgres)
+    # costing what it did, and every core busy: server-side work alone cannot go past it.
+    ceiling = (os.cpu_count() or 1) * 1e6 / (floor["server_us"] + floor["client_us"] + cpu["workers"] + cpu["postgres"])
 
     rows = [
         ("standalone jobs, Enqueue per job", f"{cyc['jobs_steps_per_s']:.0f} steps/s"),
@@ -254,9 +279,14 @@ def main() -> None:
         ("Enqueue calls answered, while the workers drain", f"{cyc['jobs_calls_per_s']:.0f} calls/s"),
         ("floor: bare grpc.aio Enqueue, same client", f"{floor['calls_per_s']:.0f} calls/s"),
         ("floor: CPU per call, server / client", f"{floor['server_us']:.0f} / {floor['client_us']:.0f} us"),
+        ("CPU per job, Enqueue per job: server / Postgres / workers / client",
+         f"{cpu['server']:.0f} / {cpu['postgres']:.0f} / {cpu['workers']:.0f} / {cpu['client']:.0f} us"),
+        ("CPU per job, raw SQL: Postgres / client", f"{raw_cpu['postgres']:.0f} / {raw_cpu['client']:.0f} us"),
+        ("ceiling: Enqueue per job with the server at the floor", f"{ceiling:.0f} steps/s"),
         ("ratio: Enqueue per job / raw SQL", f"{cyc['jobs_steps_per_s'] / raw:.2f}"),
         ("ratio: SDK enqueue() per job / raw SQL", f"{cyc['shared_steps_per_s'] / raw:.2f}"),
         ("ratio: Enqueue calls answered / floor", f"{cyc['jobs_calls_per_s'] / floor['calls_per_s']:.2f}"),
+        ("ratio: ceiling / raw SQL", f"{ceiling / raw:.2f}"),
         ("ratio: EnqueueMany / raw SQL", f"{cyc['batched_steps_per_s'] / raw:.2f}"),
     ]
     width = max(len(r[0]) for r in rows)
