@@ -128,7 +128,9 @@ class WorkerScenarios(WorkerFixtures):
 
     async def test_sigterm_drains_and_hands_back_new_leases(self, server: Any, runs: Runs, launch_worker: Any,
                                                            markers: Path) -> None:
-        worker = launch_worker(self.lang, server.address, {"nap": "sleep:3", "ok": "succeed"}, slots=2)
+        # The nap holds the worker in its drain while the second run is pushed and handed
+        # back: 6 s leaves 5 s or more for that on a loaded machine (3 s left 2.5).
+        worker = launch_worker(self.lang, server.address, {"nap": "sleep:6", "ok": "succeed"}, slots=2)
         first = await runs.start("drain", [task("nap", "nap")])
         step = await runs.wait_step(first, "nap", RUNNING)
         await wait_for_file(markers / f"{step.id}.started")
