@@ -16,7 +16,7 @@ import psycopg
 
 from cyclone_server.embedded import EmbeddedPostgres
 
-from _pg import cpu_delta, cpu_seconds, db_counters, postgres_pids, statements, statements_delta
+from _pg import CpuSampler, db_counters, postgres_pids, statements, statements_delta
 
 KIND = "noop"
 POLL = 0.02  # seconds between "is everything done?" checks
@@ -146,13 +146,16 @@ class Stage:
             # With --processes N the server is a supervisor and N children: count them all.
             server_pids = ([self.server.pid, *(p.pid for p in psutil.Process(self.server.pid).children())]
                            if self.server else [])
-            pg0, srv0, cli0 = (cpu_seconds(postgres_pids(self.pg)), cpu_seconds(server_pids), cpu_seconds(pids))
+            # Read every 50 ms, so that a process that exits during the drain (an autovacuum
+            # worker, a pool's connection) is counted too.
+            cpu = CpuSampler({"postgres": lambda: postgres_pids(self.pg), "server": lambda: server_pids,
+                              "client": lambda: pids})
             t0 = time.monotonic()
             self.go.set()
             if during:
                 during()
             end = done(t0 + timeout)
-            pg1, srv1, cli1 = (cpu_seconds(postgres_pids(self.pg)), cpu_seconds(server_pids), cpu_seconds(pids))
+            used = cpu.stop()
             stmts1 = statements(self.url)
         finally:
             self.stop()
@@ -160,7 +163,7 @@ class Stage:
         counters1 = db_counters(self.pg, self.db)
         return Drain(name, jobs, end - t0, statements_delta(stmts0, stmts1),
                      {k: counters1[k] - counters0[k] for k in counters0},
-                     cpu_delta(pg0, pg1), cpu_delta(srv0, srv1), cpu_delta(cli0, cli1))
+                     used["postgres"], used["server"], used["client"])
 
     def stop(self) -> None:
         for p in self.procs:

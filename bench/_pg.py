@@ -74,12 +74,6 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
     return out
 
 
-def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
-    """CPU used between the snapshots by the processes alive at the second one (new ones from 0).
-    Processes that exited in between (an autovacuum worker) are not counted."""
-    return sum(t - before.get(pid, 0.0) for pid, t in after.items())
-
-
 class CpuSampler:
     """CPU seconds used by groups of processes over a phase, processes that come and go
     included (a connection opened and closed within the phase): a thread reads them every
