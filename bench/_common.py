@@ -17,10 +17,12 @@ def note(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def start_server(url: str, workdir: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    """A `cyclone-server` on a loopback port chosen by the OS; returns it and its address."""
+def start_server(url: str, workdir: Path, *extra: str,
+                 program: tuple[str, ...] = ("-m", "cyclone_server")) -> tuple[subprocess.Popen, str]:
+    """A `cyclone-server` on a loopback port chosen by the OS; returns it and its address.
+    `program`: what `python` runs, given the server's flags (a script that wraps the server)."""
     ready = workdir / f"ready-{time.monotonic_ns()}.json"
-    proc = subprocess.Popen([sys.executable, "-m", "cyclone_server", "--database-url", url,
+    proc = subprocess.Popen([sys.executable, *program, "--database-url", url,
                              "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--log-level", "WARNING",
                              *extra])
     deadline = time.monotonic() + 60

@@ -100,11 +100,12 @@ async def submit_dags(address: str, steps: int) -> None:
 
 
 def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
-                  load: Callable[[str, str], None], server_args: Sequence[str] = ()) -> Stage:
+                  load: Callable[[str, str], None], server_args: Sequence[str] = (),
+                  server_program: tuple[str, ...] = ("-m", "cyclone_server")) -> Stage:
     """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
     url = create_db(pg, db)
     migrate(url)
-    server, address = start_server(url, workdir, *server_args)
+    server, address = start_server(url, workdir, *server_args, program=server_program)
     try:
         load(url, address)
         settle(url)
@@ -127,15 +128,17 @@ def check_cyclone(url: str, jobs: int, name: str) -> None:
 
 def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
                   during: Callable[[Stage], None] | None = None, server_processes: int = 1,
-                  dag: bool = False) -> Drain:
+                  dag: bool = False, server_program: tuple[str, ...] = ("-m", "cyclone_server"),
+                  slots: int = 64) -> Drain:
     """`jobs` committed jobs drained; with `dag`, as many steps in runs of a 10-node DAG (the
     roots claimable at the start, the rest promoted as their parents complete)."""
     if dag:
         jobs -= jobs % DAG_NODES
-    stage = cyclone_stage(pg, db, workdir, workers, 64,
+    stage = cyclone_stage(pg, db, workdir, workers, slots,
                           lambda url, address: asyncio.run(submit_dags(address, jobs) if dag
                                                            else enqueue_cyclone(address, jobs)),
-                          server_args=("--processes", str(server_processes)) if server_processes > 1 else ())
+                          server_args=("--processes", str(server_processes)) if server_processes > 1 else (),
+                          server_program=server_program)
     query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
              "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
     name = f"{'dag' if dag else 'cyc'}{workers}"
