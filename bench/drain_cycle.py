@@ -76,7 +76,6 @@ def report(events: list[list], jobs: int, seconds: float, workers: int, slots: i
 
     claim_s = [e[3] - e[2] for e in claims]
     push_s = [e[3] - e[2] for e in pushes]
-    cycle = statistics.mean(claim_s) + statistics.mean(push_s) + statistics.mean(turnaround) + statistics.mean(waits)
     span = end - start
     print(f"\n{jobs} jobs drained in {seconds:.2f} s: {jobs / seconds:,.0f} jobs/s "
           f"({workers} workers x {slots} slots)")
@@ -84,7 +83,11 @@ def report(events: list[list], jobs: int, seconds: float, workers: int, slots: i
     print(f"push (Leases)         {_ms(push_s)}")
     print(f"worker turnaround     {_ms(turnaround)}")
     print(f"wait for a claim      {_ms(waits)}")
-    print(f"cycle (sum of means)  {cycle * 1e3:.2f} ms: {workers} x {slots} / cycle = {workers * slots / cycle:,.0f} jobs/s")
+    if turnaround and waits:  # a drain of one claim per worker has no cycle
+        cycle = (statistics.mean(claim_s) + statistics.mean(push_s) + statistics.mean(turnaround)
+                 + statistics.mean(waits))
+        print(f"cycle (sum of means)  {cycle * 1e3:.2f} ms: {workers} x {slots} / cycle = "
+              f"{workers * slots / cycle:,.0f} jobs/s")
     print(f"Results messages      {len(results)}, {statistics.mean(e[4] for e in results):.1f} results each, "
           f"read in {_ms([e[3] - e[2] for e in results])}")
     if applies:
