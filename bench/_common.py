@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 DAG_NODES = 10  # bench_dag's: a root, 8 nodes that depend on it, a join
+SERVER = ("-m", "cyclone_server")  # what `python` runs to start a cyclone-server (start_server's `program`)
 
 
 def note(msg: str) -> None:
@@ -18,7 +19,7 @@ def note(msg: str) -> None:
 
 
 def start_server(url: str, workdir: Path, *extra: str,
-                 program: tuple[str, ...] = ("-m", "cyclone_server")) -> tuple[subprocess.Popen, str]:
+                 program: tuple[str, ...] = SERVER) -> tuple[subprocess.Popen, str]:
     """A `cyclone-server` on a loopback port chosen by the OS; returns it and its address.
     `program`: what `python` runs, given the server's flags (a script that wraps the server)."""
     ready = workdir / f"ready-{time.monotonic_ns()}.json"

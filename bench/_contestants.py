@@ -15,7 +15,7 @@ import psycopg
 from cyclone_server.embedded import EmbeddedPostgres
 from cyclone_server.migrate import migrate
 
-from _common import DAG_NODES, bench_dag, start_server
+from _common import DAG_NODES, SERVER, bench_dag, start_server
 from _drain import (KIND, RAW_SCHEMA, Drain, Stage, cyclone_worker_main, pgq_consumer_main, poll_until,
                     raw_consumer_main)
 from _pg import MARK, create_db, settle
@@ -101,7 +101,7 @@ async def submit_dags(address: str, steps: int) -> None:
 
 def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
                   load: Callable[[str, str], None], server_args: Sequence[str] = (),
-                  server_program: tuple[str, ...] = ("-m", "cyclone_server")) -> Stage:
+                  server_program: tuple[str, ...] = SERVER) -> Stage:
     """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
     url = create_db(pg, db)
     migrate(url)
@@ -128,7 +128,7 @@ def check_cyclone(url: str, jobs: int, name: str) -> None:
 
 def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
                   during: Callable[[Stage], None] | None = None, server_processes: int = 1,
-                  dag: bool = False, server_program: tuple[str, ...] = ("-m", "cyclone_server"),
+                  dag: bool = False, server_program: tuple[str, ...] = SERVER,
                   slots: int = 64) -> Drain:
     """`jobs` committed jobs drained; with `dag`, as many steps in runs of a 10-node DAG (the
     roots claimable at the start, the rest promoted as their parents complete)."""

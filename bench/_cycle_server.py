@@ -13,6 +13,7 @@ import atexit
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from cyclone_server import dispatch, engine, hub
@@ -22,25 +23,20 @@ EVENTS: list[tuple[str, str, float, float, int]] = []
 now = time.monotonic
 
 
-def _timed_claim(inner: Any) -> Any:
-    async def claim_leases(self: engine.Engine, owner: str, kinds: Any, limit: int, lease_ttl: float) -> list[Any]:
+def _timed(what: str, inner: Callable[..., Awaitable[Any]], who: Callable[..., str],
+           rows: Callable[[tuple, Any], int]) -> Callable[..., Awaitable[Any]]:
+    """`inner` (an async method the server calls with positional arguments), recording each
+    call: `who(*args)` names the worker, and `rows(args, result)` counts the rows."""
+    async def timed(self: Any, *args: Any) -> Any:
         t0 = now()
-        rows = await inner(self, owner, kinds, limit, lease_ttl)
-        EVENTS.append(("claim", owner, t0, now(), len(rows)))
-        return rows
-    return claim_leases
-
-
-def _timed_apply(inner: Any) -> Any:
-    async def apply_results(self: engine.Engine, results: Any) -> Any:
-        t0 = now()
-        out = await inner(self, results)
-        EVENTS.append(("apply", "", t0, now(), len(results)))
+        out = await inner(self, *args)
+        EVENTS.append((what, who(*args), t0, now(), rows(args, out)))
         return out
-    return apply_results
+    return timed
 
 
-def _timed_results(inner: Any) -> Any:
+def _timed_results(inner: Callable[..., None]) -> Callable[..., None]:
+    """WorkerHub._on_results (not async), recording each Results message read."""
     def on_results(self: hub.WorkerHub, conn: dispatch.WorkerConn, results: Any) -> None:
         t0 = now()
         inner(self, conn, results)
@@ -48,29 +44,17 @@ def _timed_results(inner: Any) -> Any:
     return on_results
 
 
-def _timed_deliver(inner: Any) -> Any:
-    async def deliver(self: dispatch.Dispatcher, conn: dispatch.WorkerConn, rows: list[Any], claimed: float) -> None:
-        t0 = now()
-        await inner(self, conn, rows, claimed)
-        EVENTS.append(("deliver", conn.worker_id, t0, now(), len(rows)))
-    return deliver
-
-
-def _timed_pass(inner: Any) -> Any:
-    async def _pass(self: dispatch.Dispatcher) -> float | None:
-        t0 = now()
-        out = await inner(self)
-        EVENTS.append(("pass", "", t0, now(), 0))
-        return out  # type: ignore[no-any-return]
-    return _pass
-
-
 def main() -> int:
-    engine.Engine.claim_leases = _timed_claim(engine.Engine.claim_leases)  # type: ignore[method-assign]
-    engine.Engine.apply_results = _timed_apply(engine.Engine.apply_results)  # type: ignore[method-assign]
+    nobody = lambda *args: ""  # noqa: E731
+    engine.Engine.claim_leases = _timed(  # type: ignore[method-assign]
+        "claim", engine.Engine.claim_leases, lambda owner, *_: owner, lambda args, out: len(out))
+    engine.Engine.apply_results = _timed(  # type: ignore[method-assign]
+        "apply", engine.Engine.apply_results, nobody, lambda args, out: len(args[0]))
     hub.WorkerHub._on_results = _timed_results(hub.WorkerHub._on_results)  # type: ignore[method-assign]
-    dispatch.Dispatcher.deliver = _timed_deliver(dispatch.Dispatcher.deliver)  # type: ignore[method-assign]
-    dispatch.Dispatcher._pass = _timed_pass(dispatch.Dispatcher._pass)  # type: ignore[method-assign]
+    dispatch.Dispatcher.deliver = _timed(  # type: ignore[method-assign]
+        "deliver", dispatch.Dispatcher.deliver, lambda conn, *_: conn.worker_id, lambda args, out: len(args[1]))
+    dispatch.Dispatcher._pass = _timed(  # type: ignore[method-assign]
+        "pass", dispatch.Dispatcher._pass, nobody, lambda args, out: 0)
     ready = sys.argv[sys.argv.index("--ready-file") + 1]
 
     def dump() -> None:
