@@ -270,3 +270,42 @@ async def test_a_lone_call_is_written_with_a_claim_and_concurrent_calls_without(
     assert [(r["state"], r["n"]) for r in states] == [("available", 30)]
     assert await violations(conn) == {}
     await batcher.close()
+
+
+async def test_a_call_that_waited_for_a_batch_is_written_without_a_claim_even_alone(engine: Engine, conn) -> None:
+    """A call that comes while a batch is written is part of a stream of calls: it goes in
+    the next batch without a claim, even when it is that batch's only job, and the
+    dispatcher's claim serves it with the rest. Each such lone claim cost a transaction,
+    and a Leases, a Results and an acks message for one lease (docs/benchmarks.md,
+    fourteenth pass)."""
+    tried: list[str] = []
+    writing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def claim(jobs):
+        tried.append(jobs[0].params["input"])
+        writing.set()
+        await release.wait()  # the first batch is still being written when the second call comes
+        rows, _ = await engine.enqueue_claim(jobs, "w", ["k"], 100, 30)
+        return rows
+
+    batcher = EnqueueBatcher(engine, claim=claim)
+    first = asyncio.create_task(batcher.enqueue(Job("k", input="first")))
+    await asyncio.wait_for(writing.wait(), 10)
+    second = asyncio.create_task(batcher.enqueue(Job("k", input="second")))
+    while not batcher._waiting:  # the second call queued behind the batch in progress
+        await asyncio.sleep(0)
+    release.set()
+    (first_run, _, _), (second_run, _, _) = await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert tried == ["first"]
+    rows = await fetch(conn, "SELECT run_id::text, state, lease_owner FROM cyclone_steps WHERE run_id = ANY(%s::uuid[])",
+                       [first_run, second_run])
+    states = {r["run_id"]: (r["state"], r["lease_owner"]) for r in rows}
+    assert states == {first_run: ("running", "w"), second_run: ("available", None)}
+
+    third_run, _, _ = await batcher.enqueue(Job("k", input="third"))  # alone again, once the writer is idle
+    assert tried == ["first", "third"]
+    [step] = await fetch(conn, "SELECT state, lease_owner FROM cyclone_steps WHERE run_id = %s", third_run)
+    assert (step["state"], step["lease_owner"]) == ("running", "w")
+    assert await violations(conn) == {}
+    await batcher.close()
