@@ -44,8 +44,16 @@ MIN_DUE_WAIT = 0.01
 # cancel of a big fan-out, or a session left idle in a transaction, holds such locks).
 MAX_LOCKED_WAIT = 0.5
 # A worker for whom a claim got fewer rows than it asked for is claimed for again no
-# sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass).
+# sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass),
 CLAIM_PACE = 0.01
+# or STREAM_PACE times as long while its short claims find new jobs at STREAM_RATE per
+# second or more: under such a stream, each claim, its commit, its Leases message and the
+# Results, result batch and acks that follow are shared by three times as many jobs, and
+# the jobs queue behind the busy server anyway (docs/benchmarks.md, fourteenth pass). 30 ms
+# stays well inside the 50 ms in which a due step is leased (DECISIONS 3b), which a pace
+# may delay by as much.
+STREAM_PACE = 3
+STREAM_RATE = 800.0
 MIN_PACE_WAIT = 0.001
 # After a zero-delay snooze, a worker gets no lease until its next message (the server
 # pings it at once), or this many seconds. A stopping worker hands back the leases it did
@@ -113,6 +121,7 @@ class WorkerConn:
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
     quiet_for: float = 0.0  # the quiet's length, from the snooze and again from its ack (hush, forget)
     paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
+    last_claim: float = 0.0  # time.monotonic() at which the dispatcher's last claim for it began
     prompt: bool = False  # its next claim paces it not: work came that that claim may not see (Dispatcher.unpace)
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
@@ -458,7 +467,8 @@ class Dispatcher:
 
     async def _pass(self) -> float | None:
         """Claim for every worker with free slots, but not yet again for one paced by a
-        claim less than `claim_pace` ago; returns how long until the next pass: until the
+        claim less than its pace ago (`claim_pace`, three times that under a stream of
+        new jobs: _pace); returns how long until the next pass: until the
         next step of a kind they ran out of becomes due, or a worker passed over for its
         pace may be claimed for (None: neither).
 
@@ -473,8 +483,8 @@ class Dispatcher:
         alone that found a worker's slots held by a claim in progress (enqueue); after
         either, the claims in progress pace no one (WorkerConn.prompt). A worker with a
         backlog gets every row it asks for and is never paced, and an Enqueue's own claim
-        ignores paces. A pace delays a lease by at most `claim_pace`, well within the 50
-        ms in which a due step is leased (DECISIONS 3b)."""
+        ignores paces. A pace delays a lease by at most 30 ms (STREAM_PACE x CLAIM_PACE),
+        well within the 50 ms in which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
         everyone = self.conns()
         # Owed a pass at its pace's end: every worker this pass skips for its pace, also one
@@ -506,7 +516,8 @@ class Dispatcher:
                     short = len(rows) < want
                     if short:
                         exhausted.update(kinds)
-                    conn.claimed(claimed + self.claim_pace if short else None)
+                    conn.claimed(claimed + self._pace(conn, len(rows), claimed) if short else None)
+                    conn.last_claim = claimed
                     await self.deliver(conn, rows, claimed)
                 finally:
                     conn.reserved -= want
@@ -521,6 +532,14 @@ class Dispatcher:
         if due is not None:
             waits.append(max(due, MIN_DUE_WAIT))
         return min(waits, default=None)
+
+    def _pace(self, conn: WorkerConn, rows: int, claimed: float) -> float:
+        """How long a claim that came up short with `rows` paces `conn`: STREAM_PACE times
+        `claim_pace` when those rows came at STREAM_RATE per second or more since its last
+        claim began (a stream of new jobs), else `claim_pace`."""
+        if rows and conn.last_claim and rows >= STREAM_RATE * (claimed - conn.last_claim):
+            return STREAM_PACE * self.claim_pace
+        return self.claim_pace
 
     async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message;

@@ -181,6 +181,32 @@ async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out
     assert len(idle.held) == 4 and stats["claims"]["trickle"] - before == 3  # the three, in this one pass
 
 
+async def test_a_worker_whose_short_claim_found_a_stream_of_new_jobs_is_paced_longer(engine: Engine) -> None:
+    """A short claim that found new jobs at STREAM_RATE per second or more since the last
+    claim for the worker began paces it STREAM_PACE times as long: under such a stream the
+    claims, and the messages and result batches that follow each one, are shared by more
+    jobs. A trickle, or a first claim, paces it as usual."""
+    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=64)
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats={"claims": collections.Counter()},
+                            claim_pace=60)
+    await engine.enqueue("trickle", input=0)
+    await dispatcher._pass()  # the first claim for it: no rate to measure yet
+    assert len(conn.held) == 1 and 50 < conn.paced_until - time.monotonic() <= 60
+
+    await engine.enqueue_many([Job("trickle", input=i) for i in range(1, 9)])
+    conn.paced_until = 0.0  # its pace is over
+    conn.last_claim = time.monotonic() - 0.001  # 8 jobs since a claim 1 ms ago: 8,000 a second
+    await dispatcher._pass()
+    assert len(conn.held) == 9
+    assert conn.paced_until - time.monotonic() > 60 * dispatch.STREAM_PACE - 10
+
+    await engine.enqueue("trickle", input=9)
+    conn.paced_until = 0.0
+    conn.last_claim = time.monotonic() - 1.0  # 1 job in a second
+    await dispatcher._pass()
+    assert len(conn.held) == 10 and 50 < conn.paced_until - time.monotonic() <= 60
+
+
 async def test_a_worker_passed_over_for_its_pace_is_owed_a_pass_at_its_end_even_with_no_free_slot(
         engine: Engine) -> None:
     """The pass that skips a paced worker owes it one at the pace's end, also when the
