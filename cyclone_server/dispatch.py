@@ -46,12 +46,13 @@ MAX_LOCKED_WAIT = 0.5
 # A worker for whom a claim got fewer rows than it asked for is claimed for again no
 # sooner than this many seconds after that claim (WorkerConn.paced_until, Dispatcher._pass),
 CLAIM_PACE = 0.01
-# or STREAM_PACE times as long while its short claims find new jobs at STREAM_RATE per
-# second or more: under such a stream, each claim, its commit, its Leases message and the
-# Results, result batch and acks that follow are shared by three times as many jobs, and
-# the jobs queue behind the busy server anyway (docs/benchmarks.md, fourteenth pass). 30 ms
-# stays well inside the 50 ms in which a due step is leased (DECISIONS 3b), which a pace
-# may delay by as much.
+# or STREAM_PACE times as long when that claim found new jobs of its kinds at STREAM_RATE
+# per second or more, and at least STREAM_RATE x CLAIM_PACE (8) of them (Dispatcher._pace):
+# under such a stream, each claim, its commit, its Leases message and the Results, result
+# batch and acks that follow are shared by three times as many jobs, and the jobs queue
+# behind the busy server anyway (docs/benchmarks.md, fourteenth pass). 30 ms stays well
+# inside the 50 ms in which a due step is leased (DECISIONS 3b), which a pace may delay by
+# as much.
 STREAM_PACE = 3
 STREAM_RATE = 800.0
 MIN_PACE_WAIT = 0.001
@@ -121,7 +122,6 @@ class WorkerConn:
     quiet_until: float = 0.0  # time.monotonic(); no lease before it unless the worker speaks (hush)
     quiet_for: float = 0.0  # the quiet's length, from the snooze and again from its ack (hush, forget)
     paced_until: float = 0.0  # time.monotonic(); no claim by the dispatcher before it (Dispatcher._pass)
-    last_claim: float = 0.0  # time.monotonic() at which the dispatcher's last claim for it began
     prompt: bool = False  # its next claim paces it not: work came that that claim may not see (Dispatcher.unpace)
     nonce: int = 0  # of the last Ping sent
     _quiet_over: asyncio.Event = field(default_factory=asyncio.Event)
@@ -383,6 +383,7 @@ class Dispatcher:
         self._due_in: float | None = None  # seconds from the last pass to the next due step
         self._locked_passes = 0  # passes in a row that found a step due now but locked (MAX_LOCKED_WAIT)
         self._deferred: set[asyncio.Task[None]] = set()  # deliveries waiting out a worker's quiet
+        self._last_claim: dict[str, float] = {}  # kind -> time.monotonic() its last claim began (_pace)
 
     def wake(self) -> None:
         self._event.set()
@@ -495,6 +496,7 @@ class Dispatcher:
         paced = [c.paced_until for c in everyone if c.paced_until > began]
         conns = [c for c in everyone if c.free_slots > 0 and c.paced_until <= began]
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
+        pace = self.claim_pace  # for a worker whose kinds this pass's claims found empty
         if conns:
             start = next(self._turn) % len(conns)
             for conn in conns[start:] + conns[:start]:
@@ -503,7 +505,7 @@ class Dispatcher:
                 if want <= 0:
                     continue
                 if not kinds:  # a claim of this pass found every one of them empty
-                    conn.claimed(began + self.claim_pace)
+                    conn.claimed(began + pace)
                     continue
                 conn.reserved += want
                 try:
@@ -513,11 +515,12 @@ class Dispatcher:
                     except psycopg.DataError as e:  # this worker's data, not the database: serve the others
                         log.warning("claim for worker %r failed: %s", conn.worker_id, e)
                         continue
-                    short = len(rows) < want
-                    if short:
+                    paced_for = self._pace(kinds, len(rows), claimed) if len(rows) < want else None
+                    if paced_for is not None:  # short: these kinds have nothing left for now
                         exhausted.update(kinds)
-                    conn.claimed(claimed + self._pace(conn, len(rows), claimed) if short else None)
-                    conn.last_claim = claimed
+                        pace = max(pace, paced_for)
+                    conn.claimed(None if paced_for is None else claimed + paced_for)
+                    self._claimed(kinds, claimed)
                     await self.deliver(conn, rows, claimed)
                 finally:
                     conn.reserved -= want
@@ -533,13 +536,23 @@ class Dispatcher:
             waits.append(max(due, MIN_DUE_WAIT))
         return min(waits, default=None)
 
-    def _pace(self, conn: WorkerConn, rows: int, claimed: float) -> float:
-        """How long a claim that came up short with `rows` paces `conn`: STREAM_PACE times
-        `claim_pace` when those rows came at STREAM_RATE per second or more since its last
-        claim began (a stream of new jobs), else `claim_pace`."""
-        if rows and conn.last_claim and rows >= STREAM_RATE * (claimed - conn.last_claim):
+    def _pace(self, kinds: list[str], rows: int, claimed: float) -> float:
+        """How long a claim of `kinds` that began at `claimed` and came up short with `rows`
+        paces its worker: STREAM_PACE times `claim_pace` when those rows came at STREAM_RATE
+        per second or more since the last claim of those kinds began (a stream of new jobs),
+        else `claim_pace`. The rate is taken over CLAIM_PACE at least, so that a row or two
+        found just after a claim is no stream. It is the kinds' rate, not the worker's: two
+        workers of the same kinds take turns at the new jobs."""
+        since = max((self._last_claim.get(k, 0.0) for k in kinds), default=0.0)
+        if rows and since and rows >= STREAM_RATE * max(claimed - since, CLAIM_PACE):
             return STREAM_PACE * self.claim_pace
         return self.claim_pace
+
+    def _claimed(self, kinds: list[str], claimed: float) -> None:
+        """A claim of `kinds` began at `claimed` (the dispatcher's or an Enqueue's): the
+        rows of those kinds found by the next one came after it (_pace)."""
+        for k in kinds:
+            self._last_claim[k] = claimed
 
     async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message;
@@ -612,6 +625,7 @@ class Dispatcher:
         try:
             claimed = time.monotonic()
             rows, leases = await self.engine.enqueue_claim(jobs, conn.worker_id, served, want, self.lease_ttl)
+            self._claimed(served, claimed)
             try:
                 await self.deliver(conn, leases, claimed)
             except Exception:  # a bug; the jobs committed all the same, and the sweep reclaims the leases

@@ -182,29 +182,47 @@ async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out
 
 
 async def test_a_worker_whose_short_claim_found_a_stream_of_new_jobs_is_paced_longer(engine: Engine) -> None:
-    """A short claim that found new jobs at STREAM_RATE per second or more since the last
-    claim for the worker began paces it STREAM_PACE times as long: under such a stream the
-    claims, and the messages and result batches that follow each one, are shared by more
-    jobs. A trickle, or a first claim, paces it as usual."""
-    conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=64)
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats={"claims": collections.Counter()},
+    """A short claim that found new jobs of its kinds at STREAM_RATE per second or more
+    since the last claim of those kinds began (and STREAM_RATE x CLAIM_PACE of them at
+    least) paces its worker STREAM_PACE times as long, and so the other workers whose
+    kinds it emptied: under such a stream the claims, and the messages and result batches
+    that follow each one, are shared by more jobs. A trickle, a row or two, or a first
+    claim pace as usual."""
+    w1 = WorkerConn(worker_id="w1", kinds=["trickle"], slots=64)
+    w2 = WorkerConn(worker_id="w2", kinds=["trickle"], slots=64)
+    dispatcher = Dispatcher(engine, lambda: [w1, w2], lease_ttl=30, stats={"claims": collections.Counter()},
                             claim_pace=60)
+    stream_pace = 60 * dispatch.STREAM_PACE
+
+    def paces() -> list[float]:
+        now = time.monotonic()
+        return sorted(w.paced_until - now for w in (w1, w2))
+
+    def unpaced() -> None:
+        w1.paced_until = w2.paced_until = 0.0
+
     await engine.enqueue("trickle", input=0)
-    await dispatcher._pass()  # the first claim for it: no rate to measure yet
-    assert len(conn.held) == 1 and 50 < conn.paced_until - time.monotonic() <= 60
+    await dispatcher._pass()  # the first claim of the kind: no rate to measure yet
+    assert len(w1.held) + len(w2.held) == 1 and all(50 < p <= 60 for p in paces())
 
-    await engine.enqueue_many([Job("trickle", input=i) for i in range(1, 9)])
-    conn.paced_until = 0.0  # its pace is over
-    conn.last_claim = time.monotonic() - 0.001  # 8 jobs since a claim 1 ms ago: 8,000 a second
+    await engine.enqueue("trickle", input=1)
+    unpaced()
+    dispatcher._last_claim["trickle"] = time.monotonic() - 0.001  # 1 job since a claim 1 ms ago: too few
     await dispatcher._pass()
-    assert len(conn.held) == 9
-    assert conn.paced_until - time.monotonic() > 60 * dispatch.STREAM_PACE - 10
+    assert len(w1.held) + len(w2.held) == 2 and all(50 < p <= 60 for p in paces())
 
-    await engine.enqueue("trickle", input=9)
-    conn.paced_until = 0.0
-    conn.last_claim = time.monotonic() - 1.0  # 1 job in a second
+    await engine.enqueue_many([Job("trickle", input=i) for i in range(2, 14)])
+    unpaced()
+    dispatcher._last_claim["trickle"] = time.monotonic() - 0.001  # 12 jobs since a claim 1 ms ago: a stream
     await dispatcher._pass()
-    assert len(conn.held) == 10 and 50 < conn.paced_until - time.monotonic() <= 60
+    assert len(w1.held) + len(w2.held) == 14
+    assert all(p > stream_pace - 10 for p in paces())  # the worker claimed for, and the one left nothing
+
+    await engine.enqueue_many([Job("trickle", input=i) for i in range(14, 26)])
+    unpaced()
+    dispatcher._last_claim["trickle"] = time.monotonic() - 1.0  # 12 jobs in a second: a trickle
+    await dispatcher._pass()
+    assert len(w1.held) + len(w2.held) == 26 and all(50 < p <= 60 for p in paces())
 
 
 async def test_a_worker_passed_over_for_its_pace_is_owed_a_pass_at_its_end_even_with_no_free_slot(
