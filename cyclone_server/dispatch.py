@@ -50,9 +50,9 @@ CLAIM_PACE = 0.01
 # per second or more, and at least STREAM_RATE x CLAIM_PACE (8) of them (Dispatcher._pace):
 # under such a stream, each claim, its commit, its Leases message and the Results, result
 # batch and acks that follow are shared by three times as many jobs, and the jobs queue
-# behind the busy server anyway (docs/benchmarks.md, fourteenth pass). 30 ms stays well
-# inside the 50 ms in which a due step is leased (DECISIONS 3b), which a pace may delay by
-# as much.
+# behind the busy server anyway (docs/benchmarks.md, fourteenth pass). 30 ms stays inside
+# the 50 ms in which a due step is leased (DECISIONS 3b), which a pace may delay by as
+# much, with room for the claim and its commit.
 STREAM_PACE = 3
 STREAM_RATE = 800.0
 MIN_PACE_WAIT = 0.001
@@ -485,7 +485,7 @@ class Dispatcher:
         either, the claims in progress pace no one (WorkerConn.prompt). A worker with a
         backlog gets every row it asks for and is never paced, and an Enqueue's own claim
         ignores paces. A pace delays a lease by at most 30 ms (STREAM_PACE x CLAIM_PACE),
-        well within the 50 ms in which a due step is leased (DECISIONS 3b)."""
+        within the 50 ms in which a due step is leased (DECISIONS 3b)."""
         began = time.monotonic()
         everyone = self.conns()
         # Owed a pass at its pace's end: every worker this pass skips for its pace, also one
@@ -496,7 +496,7 @@ class Dispatcher:
         paced = [c.paced_until for c in everyone if c.paced_until > began]
         conns = [c for c in everyone if c.free_slots > 0 and c.paced_until <= began]
         exhausted: set[str] = set()  # kinds that had nothing left to claim in this pass
-        pace = self.claim_pace  # for a worker whose kinds this pass's claims found empty
+        emptied: dict[str, float] = {}  # kind -> the pace of the claim that found it empty
         if conns:
             start = next(self._turn) % len(conns)
             for conn in conns[start:] + conns[:start]:
@@ -505,7 +505,7 @@ class Dispatcher:
                 if want <= 0:
                     continue
                 if not kinds:  # a claim of this pass found every one of them empty
-                    conn.claimed(began + pace)
+                    conn.claimed(began + max(emptied.get(k, self.claim_pace) for k in conn.kinds))
                     continue
                 conn.reserved += want
                 try:
@@ -515,10 +515,11 @@ class Dispatcher:
                     except psycopg.DataError as e:  # this worker's data, not the database: serve the others
                         log.warning("claim for worker %r failed: %s", conn.worker_id, e)
                         continue
-                    paced_for = self._pace(kinds, len(rows), claimed) if len(rows) < want else None
-                    if paced_for is not None:  # short: these kinds have nothing left for now
+                    short = len(rows) < want
+                    paced_for = self._pace(kinds, len(rows), claimed) if short else None
+                    if paced_for is not None:  # these kinds have nothing left for now
                         exhausted.update(kinds)
-                        pace = max(pace, paced_for)
+                        emptied.update(dict.fromkeys(kinds, paced_for))
                     conn.claimed(None if paced_for is None else claimed + paced_for)
                     self._claimed(kinds, claimed)
                     await self.deliver(conn, rows, claimed)
@@ -542,7 +543,9 @@ class Dispatcher:
         per second or more since the last claim of those kinds began (a stream of new jobs),
         else `claim_pace`. The rate is taken over CLAIM_PACE at least, so that a row or two
         found just after a claim is no stream. It is the kinds' rate, not the worker's: two
-        workers of the same kinds take turns at the new jobs."""
+        workers of the same kinds take turns at the new jobs. The rows found are not all new
+        when the claim before was full (slots ran out before the queue did): at the end of a
+        backlog, one claim may be paced 30 ms instead of 10."""
         since = max((self._last_claim.get(k, 0.0) for k in kinds), default=0.0)
         if rows and since and rows >= STREAM_RATE * max(claimed - since, CLAIM_PACE):
             return STREAM_PACE * self.claim_pace
@@ -550,9 +553,10 @@ class Dispatcher:
 
     def _claimed(self, kinds: list[str], claimed: float) -> None:
         """A claim of `kinds` began at `claimed` (the dispatcher's or an Enqueue's): the
-        rows of those kinds found by the next one came after it (_pace)."""
+        rows of those kinds found by the next one came after it (_pace). Claims overlap: the
+        one that began last counts."""
         for k in kinds:
-            self._last_claim[k] = claimed
+            self._last_claim[k] = max(claimed, self._last_claim.get(k, 0.0))
 
     async def deliver(self, conn: WorkerConn, rows: list[Any], claimed: float) -> None:
         """Push the leases claimed for `conn` (Engine.claim_leases rows) in one Leases message;

@@ -188,8 +188,8 @@ async def test_a_worker_whose_short_claim_found_a_stream_of_new_jobs_is_paced_lo
     kinds it emptied: under such a stream the claims, and the messages and result batches
     that follow each one, are shared by more jobs. A trickle, a row or two, or a first
     claim pace as usual."""
-    w1 = WorkerConn(worker_id="w1", kinds=["trickle"], slots=64)
-    w2 = WorkerConn(worker_id="w2", kinds=["trickle"], slots=64)
+    w1 = WorkerConn(worker_id="w1", kinds=["trickle"], slots=200)  # every claim here comes up short
+    w2 = WorkerConn(worker_id="w2", kinds=["trickle"], slots=200)
     dispatcher = Dispatcher(engine, lambda: [w1, w2], lease_ttl=30, stats={"claims": collections.Counter()},
                             claim_pace=60)
     stream_pace = 60 * dispatch.STREAM_PACE
@@ -198,31 +198,26 @@ async def test_a_worker_whose_short_claim_found_a_stream_of_new_jobs_is_paced_lo
         now = time.monotonic()
         return sorted(w.paced_until - now for w in (w1, w2))
 
-    def unpaced() -> None:
-        w1.paced_until = w2.paced_until = 0.0
+    async def claim_after(jobs: int, seconds_since_last_claim: float) -> None:
+        start = sum(len(w.held) for w in (w1, w2))
+        await engine.enqueue_many([Job("trickle", input=i) for i in range(jobs)])
+        w1.paced_until = w2.paced_until = 0.0  # their paces are over
+        dispatcher._last_claim["trickle"] = time.monotonic() - seconds_since_last_claim
+        await dispatcher._pass()
+        assert sum(len(w.held) for w in (w1, w2)) == start + jobs
 
     await engine.enqueue("trickle", input=0)
     await dispatcher._pass()  # the first claim of the kind: no rate to measure yet
     assert len(w1.held) + len(w2.held) == 1 and all(50 < p <= 60 for p in paces())
 
-    await engine.enqueue("trickle", input=1)
-    unpaced()
-    dispatcher._last_claim["trickle"] = time.monotonic() - 0.001  # 1 job since a claim 1 ms ago: too few
-    await dispatcher._pass()
-    assert len(w1.held) + len(w2.held) == 2 and all(50 < p <= 60 for p in paces())
+    await claim_after(1, 0.001)  # 1 job since a claim 1 ms ago: too few to tell
+    assert all(50 < p <= 60 for p in paces())
 
-    await engine.enqueue_many([Job("trickle", input=i) for i in range(2, 14)])
-    unpaced()
-    dispatcher._last_claim["trickle"] = time.monotonic() - 0.001  # 12 jobs since a claim 1 ms ago: a stream
-    await dispatcher._pass()
-    assert len(w1.held) + len(w2.held) == 14
+    await claim_after(40, 0.001)  # 40 jobs since a claim 1 ms ago: a stream
     assert all(p > stream_pace - 10 for p in paces())  # the worker claimed for, and the one left nothing
 
-    await engine.enqueue_many([Job("trickle", input=i) for i in range(14, 26)])
-    unpaced()
-    dispatcher._last_claim["trickle"] = time.monotonic() - 1.0  # 12 jobs in a second: a trickle
-    await dispatcher._pass()
-    assert len(w1.held) + len(w2.held) == 26 and all(50 < p <= 60 for p in paces())
+    await claim_after(12, 1.0)  # 12 jobs in a second: a trickle
+    assert all(50 < p <= 60 for p in paces())
 
 
 async def test_a_worker_passed_over_for_its_pace_is_owed_a_pass_at_its_end_even_with_no_free_slot(
