@@ -75,11 +75,13 @@ class Job:
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """A Job checked by `Engine.prepare_job`: the parameters of cyclone_job_enqueue, and its
-    input's size in bytes (compact JSON)."""
+    """A Job checked by `Engine.prepare_job`: the parameters of cyclone_job_enqueue, its
+    input's size in bytes (compact JSON), and its element of cyclone_jobs_enqueue's batch
+    as JSON text (`item`: the input serialized once, for its size and for the batch)."""
 
     params: dict[str, Any]
     input_bytes: int
+    item: str
 
 
 @dataclass(frozen=True)
@@ -153,17 +155,19 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def payload_size(value: Any) -> int:
-    """A payload's size as compact JSON: the measure of every payload limit."""
-    return len(_compact(value).encode("utf-8", "surrogatepass"))
-
-
 def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> int:
-    """The payload's size in bytes (compact JSON); InvalidArgument naming `field` when over `limit`."""
-    size = payload_size(value)
+    """The payload's size in bytes as compact JSON (the measure of every payload limit);
+    InvalidArgument naming `field` when over `limit`."""
+    return checked_payload_text(value, field, limit)[1]
+
+
+def checked_payload_text(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, int]:
+    """`check_payload`, also returning the compact JSON it measured."""
+    text = _compact(value)
+    size = len(text.encode("utf-8", "surrogatepass"))
     if size > limit:
         raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
-    return size
+    return text, size
 
 
 def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
@@ -178,18 +182,21 @@ def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _cached_job_node(kind: str, options: tuple[tuple[str, type, Any], ...]) -> dict[str, Any]:
-    return definitions.normalize_job(kind, {k: v for k, _, v in options})
+def _cached_job_node(kind: str, options: tuple[tuple[str, type, Any], ...]) -> tuple[dict[str, Any], str]:
+    node = definitions.normalize_job(kind, {k: v for k, _, v in options})
+    return node, _compact(node)
 
 
-def _job_node(kind: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """definitions.normalize_job, remembered for the (kind, options) that jobs repeat. The
-    node is shared between the jobs that have it: nothing may change it."""
+def _job_node(kind: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """definitions.normalize_job, and the node as compact JSON, remembered for the (kind,
+    options) that jobs repeat. The node is shared between the jobs that have it: nothing
+    may change it."""
     key = tuple((k, type(v), v) for k, v in sorted(options.items()))
     try:
         hash(key)
     except TypeError:  # an option the cache cannot key: checked every time
-        return definitions.normalize_job(kind, options)
+        node = definitions.normalize_job(kind, options)
+        return node, _compact(node)
     return _cached_job_node(kind, key)
 
 
@@ -236,14 +243,27 @@ async def _run_with_steps(issue: Issue, rid: uuid.UUID) -> dict[str, Any] | None
     return row
 
 
-def _jobs_payload(jobs: Sequence[PreparedJob]) -> Jsonb:
-    """cyclone_jobs_enqueue's p_jobs for prepared jobs."""
-    return Jsonb([{**j.params, "deadline": _iso(j.params["deadline"]), "scheduled_at": _iso(j.params["scheduled_at"])}
-                  for j in jobs])
+def _jobs_payload(jobs: Sequence[PreparedJob]) -> str:
+    """cyclone_jobs_enqueue's p_jobs for prepared jobs, as JSON text."""
+    return "[" + ",".join(j.item for j in jobs) + "]"
 
 
-def _iso(when: datetime | None) -> str | None:
-    return when.isoformat() if when is not None else None
+def _job_item(node_json: str, input_json: str, params: Mapping[str, Any]) -> str:
+    """One element of cyclone_jobs_enqueue's p_jobs, as JSON text: {node, input, priority,
+    and those of idempotency_key, request_hash, deadline, scheduled_at and trace_context
+    that are set} (the SQL reads a missing key as null). The node and input are compact
+    JSON already; every other value goes through json.dumps or is an ISO time, an integer
+    or a hex digest, so nothing can break out of the element."""
+    parts = [f'{{"node":{node_json},"input":{input_json},"priority":{int(params["priority"])}']
+    if params["idempotency_key"] is not None:
+        parts.append(f',"idempotency_key":{_compact(params["idempotency_key"])},"request_hash":"{params["request_hash"]}"')
+    for name in ("deadline", "scheduled_at"):
+        if params[name] is not None:
+            parts.append(f',"{name}":"{params[name].isoformat()}"')
+    if params["trace_context"] is not None:
+        parts.append(f',"trace_context":{_compact(params["trace_context"])}')
+    parts.append("}")
+    return "".join(parts)
 
 
 def _id_range(prefix: str) -> dict[str, uuid.UUID | None]:
@@ -434,23 +454,24 @@ class Engine:
         """Check a job as far as Python can (InvalidArgument, naming the field); what the
         database needs to make it."""
         try:
-            node = _job_node(job.kind, job.options)
+            node, node_json = _job_node(job.kind, job.options)
         except InvalidArgument as e:
             # The job's options are validated as its one node: name the request's field,
             # 'nodes[0] (id "email"): max_attempts: ...' -> 'max_attempts: ...'.
             message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
             raise InvalidArgument(message) from None
-        size = check_payload(job.input, "input", self.max_payload_bytes)
+        input_json, size = checked_payload_text(job.input, "input", self.max_payload_bytes)
         # The fingerprint matters only to a repeat of the same idempotency key.
         fingerprint = None
         if job.idempotency_key:
             fp = job.request_fingerprint if job.request_fingerprint is not None else (
                 job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
             fingerprint = request_hash("job", fp)
-        return PreparedJob({"node": node, "input": job.input, "priority": job.priority,
-                            "idempotency_key": job.idempotency_key or None, "request_hash": fingerprint,
-                            "deadline": job.deadline, "scheduled_at": job.scheduled_at,
-                            "trace_context": dict(job.trace_context) if job.trace_context else None}, size)
+        params = {"node": node, "input": job.input, "priority": job.priority,
+                  "idempotency_key": job.idempotency_key or None, "request_hash": fingerprint,
+                  "deadline": job.deadline, "scheduled_at": job.scheduled_at,
+                  "trace_context": dict(job.trace_context) if job.trace_context else None}
+        return PreparedJob(params, size, _job_item(node_json, input_json, params))
 
     async def enqueue_prepared_one(self, job: PreparedJob) -> tuple[str, str, bool]:
         """One prepared job in its own transaction (cyclone_job_enqueue)."""

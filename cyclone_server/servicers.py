@@ -95,6 +95,8 @@ def deadline_of(request: Any, *, field: str = "deadline", field_in: str = "deadl
     """An absolute deadline from a request's deadline / deadline_in pair (at most one, in the future)."""
     absolute = convert.timestamp_dt(request, field)
     relative = convert.duration_seconds(request, field_in, positive=True, maximum=MAX_DEADLINE_IN)
+    if absolute is None and relative is None:
+        return None
     if absolute is not None and relative is not None:
         raise InvalidArgument(f"{field}, {field_in}: give at most one of them")
     now = datetime.now(timezone.utc)

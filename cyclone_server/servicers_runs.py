@@ -225,9 +225,10 @@ def _job_of(request: runs_pb2.EnqueueRequest, trace_context: dict[str, str] | No
         if seconds is not None:
             options[key] = seconds
     scheduled_at = convert.timestamp_dt(request, "scheduled_at")
-    # The request as given identifies it for the idempotency check (see SubmitRun).
-    fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
-                   _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
+    fingerprint = None
+    if request.idempotency_key:  # the request as given identifies it for the idempotency check (see SubmitRun)
+        fingerprint = ("job", request.kind, input_, request.priority, _fingerprint_time(request, "deadline"),
+                       _fingerprint_duration(request, "deadline_in"), scheduled_at, options)
     return Job(request.kind, input=input_, priority=request.priority, idempotency_key=request.idempotency_key or None,
                deadline=deadline, scheduled_at=scheduled_at, options=options, request_fingerprint=fingerprint,
                trace_context=trace_context)

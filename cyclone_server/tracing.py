@@ -129,6 +129,13 @@ class SubmitSpan:
         self.span = span
         self.context = context
 
+    # Without tracing, submit_span returns the SubmitSpan itself as its context manager.
+    def __enter__(self) -> SubmitSpan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
     def created(self, run_ids: Sequence[str], created: Sequence[bool]) -> None:
         """Name the runs the call made or found (idempotency) on the span: their count, and
         their ids and whether each was new, up to MAX_NAMED_RUNS."""
@@ -139,14 +146,18 @@ class SubmitSpan:
                 self.span.set_attribute("cyclone.created", list(created))
 
 
-@contextlib.contextmanager
-def submit_span(method: str, metadata: Iterable[Any] | None, **attributes: Any) -> Iterator[SubmitSpan]:
+def submit_span(method: str, metadata: Iterable[Any] | None,
+                **attributes: Any) -> contextlib.AbstractContextManager[SubmitSpan]:
     """Around a submit call (method: SubmitRun, Enqueue, EnqueueMany): the context to store
     with its runs, and the server's span when tracing (a child of the caller's span)."""
     incoming = incoming_context(metadata)
-    if _tracer is None:
-        yield SubmitSpan(None, incoming)
-        return
+    if _tracer is None:  # no span to open: nothing to do on the way out either
+        return SubmitSpan(None, incoming)
+    return _traced_submit(method, incoming, attributes)
+
+
+@contextlib.contextmanager
+def _traced_submit(method: str, incoming: dict[str, str] | None, attributes: Mapping[str, Any]) -> Iterator[SubmitSpan]:
     trace, w3c = _api
     parent = w3c.extract(incoming) if incoming else None
     attrs = {"rpc.system": "grpc", "rpc.service": "cyclone.v1.Runs", "rpc.method": method,

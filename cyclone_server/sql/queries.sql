@@ -28,7 +28,7 @@ SELECT run_id, step_id, created FROM cyclone_job_enqueue(%(node)s, %(input)s, %(
                                                           p_trace_context => %(trace_context)s);
 
 -- name: jobs_enqueue
-SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s) ORDER BY idx;
+SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s::jsonb) ORDER BY idx;
 
 -- name: steps_claim
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
@@ -37,7 +37,7 @@ SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s
 SELECT * FROM cyclone_leases_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: jobs_enqueue_claim
-SELECT * FROM cyclone_jobs_enqueue_claim(%(jobs)s, %(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+SELECT * FROM cyclone_jobs_enqueue_claim(%(jobs)s::jsonb, %(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: results_apply
 -- %(results)s is the batch as JSON text (Engine.apply_results writes it).

@@ -65,6 +65,32 @@ async def test_jobs_are_made_as_enqueue_makes_them_in_request_order(engine: Engi
     assert await violations(conn) == {}
 
 
+async def test_keys_and_inputs_that_json_escapes_are_stored_as_given(engine: Engine, conn) -> None:
+    """The batch goes to Postgres as JSON text that the server writes piece by piece
+    (engine._job_item): what needs escaping arrives intact, on the set-based path and
+    job by job (idempotency keys), and a repeat of the keyed job finds its run."""
+    later = datetime.now(timezone.utc).replace(microsecond=123456) + timedelta(hours=1)
+    key = 'quote " backslash \\ tab \t line \u2028 é 😀 </script>'
+    payload = {"s": 'a"b\\c\n\u2028é😀', "k\"ey": [1.5, -2, None, True], "deep": {"x": {"y": []}}}
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "a=1,b=2"}
+    jobs = [Job("keyed", input=payload, priority=-3, idempotency_key=key, deadline=later, scheduled_at=later,
+                trace_context=trace),
+            Job("plain", input=payload, priority=4, deadline=later, trace_context=trace)]
+    for batch in (jobs, jobs[1:]):  # job by job (a key), then set-based
+        made = await engine.enqueue_many(batch)
+        for job, (run_id, _, created) in zip(batch, made):
+            assert created
+            run, step = await job_rows(conn, run_id)
+            assert run["input"] == payload and run["priority"] == job.priority
+            assert run["idempotency_key"] == job.idempotency_key and run["deadline_at"] == later
+            assert run["trace_context"] == trace
+            assert step["priority"] == job.priority
+            assert step["scheduled_at"] == later if job.scheduled_at else step["scheduled_at"] < later
+    first = (await fetch(conn, "SELECT id FROM cyclone_runs WHERE idempotency_key = %s", key))[0]["id"]
+    assert (await engine.enqueue_job(jobs[0]))[:1] == (str(first),)
+    assert (await engine.enqueue_many([jobs[0]]))[0][:1] == (str(first),)
+
+
 async def test_a_repeated_idempotency_key_in_one_call_acts_as_calls_in_order(engine: Engine, conn) -> None:
     same = Job("mail", input={"to": "x"}, idempotency_key="k1")
     (r1, s1, c1), (r2, s2, c2), (r3, _, c3) = await engine.enqueue_many([same, same, Job("other")])
