@@ -31,6 +31,7 @@ from . import definitions, schedule_spec
 from .errors import SQLSTATE_ERRORS, AlreadyExists, CycloneError, InvalidArgument, NotFound
 from .queries import Q
 from .schedule_spec import ScheduleSettings
+from .warm import WarmConnections
 
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # A failure message is stored up to this many bytes (UTF-8); a longer one is cut there and
@@ -295,6 +296,8 @@ class Engine:
     def __init__(self, pool: AsyncConnectionPool, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
                  announces: bool = False) -> None:
         self.pool = pool
+        # Statements and transactions run on connections kept between them (warm.py).
+        self.warm = WarmConnections(pool)
         self.max_payload_bytes = max_payload_bytes
         # Called after every transition that may have made steps claimable (e.g. the
         # server's dispatcher wake-up).
@@ -346,7 +349,7 @@ class Engine:
             # From here on, new work needs a new announcement (the next window's task).
             self._announcing = None
         try:
-            async with self.pool.connection() as conn:
+            async with self.warm.connection() as conn:
                 await conn.execute("SELECT pg_notify('cyclone_available', %s)", (self.announce_token,))
         except Exception as e:  # the other servers' dispatch timers still find the work
             log.warning("announcing new work failed: %s", e)
@@ -355,6 +358,7 @@ class Engine:
         if self._announcing is not None:
             self._announcing.cancel()
             await asyncio.gather(self._announcing, return_exceptions=True)
+        await self.warm.close()
         await self.pool.close()
 
     async def _all(self, query: str, /, **params: Any) -> list[dict[str, Any]]:
@@ -365,10 +369,7 @@ class Engine:
         bad input becomes its CycloneError; new work is announced after the statements that
         may have made some."""
         with _translated():
-            async with self.pool.connection() as conn:
-                cur = conn.cursor(row_factory=row_factory)
-                await cur.execute(Q[query], params)
-                rows = await cur.fetchall() if cur.description else []
+            rows = await self.warm.fetch(Q[query], params, row_factory)
         if rows and query in MAY_MAKE_AVAILABLE:
             self.announce(jobs_only=query in JOBS_WRITTEN)
         return rows
@@ -669,7 +670,7 @@ class Engine:
         params = {"run_id": rid, **({"node": node, "deadline": deadline} if action == "retry" else {})}
         run = None
         with _translated():
-            async with self.pool.connection() as conn, conn.transaction():
+            async with self.warm.connection() as conn, conn.transaction():
                 issue = _issuer(conn)
                 applied = (await (await issue(query, **params)).fetchone())["applied"]  # type: ignore[index]
                 if read:  # both reads in one round trip (pipelined), the run's lock held
@@ -732,7 +733,7 @@ class Engine:
         """Named queries that all see the database at one moment. Pipelined: a query is sent
         when issued, and its cursor waits for its rows only when read, so the queries that
         need no earlier answer share one round trip."""
-        async with self.pool.connection() as conn, conn.pipeline(), conn.transaction():
+        async with self.warm.connection() as conn, conn.pipeline(), conn.transaction():
             await conn.execute(Q["read_snapshot"])
             yield _issuer(conn)
 
