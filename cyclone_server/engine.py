@@ -41,7 +41,11 @@ MAX_ERROR_MESSAGE_BYTES = 64 * 1024
 # this many bytes (UTF-8), cut and marked the same way past it.
 MAX_ERROR_DETAILS_BYTES = 16 * 1024
 ENQUEUE_MANY_MAX = 1000  # jobs per EnqueueMany call
-ANNOUNCE_WINDOW = 0.005  # seconds: at most one NOTIFY cyclone_available per window per engine
+ANNOUNCE_WINDOW = 0.005  # seconds: an engine's NOTIFY cyclone_available waits this long for more new work
+# seconds: and comes this long after the engine's previous one at the earliest, so that a
+# stream of new work is announced once per gap (the other servers' dispatchers pace their
+# claims under a stream anyway: Dispatcher._pace)
+ANNOUNCE_GAP = 0.020
 # The statements after which steps may have become claimable (when they returned rows).
 # results_apply says so per result (Engine.apply_results).
 MAY_MAKE_AVAILABLE = frozenset({
@@ -307,7 +311,8 @@ class Engine:
         self.prompt_listeners: list[Callable[[], None]] = []
         # With `announces`, the pool's sessions don't NOTIFY cyclone_available in their
         # transactions (see cyclone__notify_available); this engine sends one NOTIFY per
-        # ANNOUNCE_WINDOW instead, on the side, for the other servers.
+        # ANNOUNCE_WINDOW instead, at most one per ANNOUNCE_GAP, on the side, for the other
+        # servers.
         self.announces = announces
         # The payload of this engine's own announcements (never empty, as the SQL functions'
         # payload is). The server's dispatcher skips them (WorkerHub.start): announce() has
@@ -316,6 +321,7 @@ class Engine:
         # Called when a schedule was made, changed or resumed (the server's scheduler wake-up).
         self.schedule_listeners: list[Callable[[], None]] = []
         self._announcing: asyncio.Task[None] | None = None
+        self._announced = float("-inf")  # the loop's time of the last announcement sent
 
     @classmethod
     async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, announces: bool = False,
@@ -343,11 +349,14 @@ class Engine:
             self._announcing = asyncio.get_running_loop().create_task(self._notify_others())
 
     async def _notify_others(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.sleep(ANNOUNCE_WINDOW)  # what else becomes claimable meanwhile rides along
+            # What else becomes claimable meanwhile rides along.
+            await asyncio.sleep(max(ANNOUNCE_WINDOW, self._announced + ANNOUNCE_GAP - loop.time()))
         finally:
             # From here on, new work needs a new announcement (the next window's task).
             self._announcing = None
+        self._announced = loop.time()
         try:
             async with self.warm.connection() as conn:
                 await conn.execute("SELECT pg_notify('cyclone_available', %s)", (self.announce_token,))

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from engine_helpers import claim_one, start, task
 
-from cyclone_server.engine import Engine, Result
+from cyclone_server.engine import ANNOUNCE_GAP, Engine, Result
 from cyclone_server.notify import Notifier
 
 
@@ -102,6 +102,31 @@ async def test_a_server_engine_announces_new_work_on_the_side_coalesced(
         await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
         assert await ended is True
         assert 1 <= len(available) < 10
+    finally:
+        await server_engine.close()
+
+
+async def test_a_stream_of_new_work_is_announced_once_per_gap_and_lone_work_after_it_at_once(
+        notifier: Notifier, db_url: str) -> None:
+    """Under a stream of new work a server announces once per ANNOUNCE_GAP, not once per
+    ANNOUNCE_WINDOW; what comes last is announced too, and so is lone work after a quiet."""
+    server_engine = await Engine.open(db_url, announces=True)
+    available: list[float] = []
+    notifier.subscribe("cyclone_available", lambda: available.append(time.monotonic()))
+    try:
+        began, calls = time.monotonic(), 0
+        while time.monotonic() - began < 0.5:  # new work every 2 ms or so, for half a second
+            server_engine.announce(jobs_only=True)
+            calls += 1
+            await asyncio.sleep(0.002)
+        last = time.monotonic()
+        assert calls >= 50
+        await until(lambda: available and available[-1] > last)  # the stream's last work was announced
+        await asyncio.sleep(0.2)
+        assert len(available) <= 0.5 / ANNOUNCE_GAP + 3, (len(available), calls)
+        quiet = len(available)
+        server_engine.announce(jobs_only=True)
+        await until(lambda: len(available) == quiet + 1)
     finally:
         await server_engine.close()
 
