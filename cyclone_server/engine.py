@@ -167,12 +167,23 @@ def check_payload(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 def checked_payload_text(value: Any, field: str, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> tuple[str, int]:
-    """`check_payload`, also returning the compact JSON it measured."""
+    """`check_payload`, also returning the compact JSON it measured. A string holding a
+    lone surrogate is refused here (_utf8), rather than failing to encode for Postgres."""
     text = _compact(value)
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = len(_utf8(text, field))
     if size > limit:
         raise InvalidArgument(f"{field}: payload is {size} bytes, over the limit of {limit} bytes")
     return text, size
+
+
+def _utf8(text: str, field: str) -> bytes:
+    """`text` in UTF-8; InvalidArgument naming `field` when it holds a lone surrogate
+    (possible only from Python callers: protobuf strings are UTF-8)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{field}: contains a lone surrogate (U+{ord(text[e.start]):04X}), "
+                              "which is not text") from None
 
 
 def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
@@ -261,12 +272,13 @@ def _job_item(node_json: str, input_json: str, params: Mapping[str, Any]) -> str
     or a hex digest, so nothing can break out of the element."""
     parts = [f'{{"node":{node_json},"input":{input_json},"priority":{int(params["priority"])}']
     if params["idempotency_key"] is not None:
-        parts.append(f',"idempotency_key":{_compact(params["idempotency_key"])},"request_hash":"{params["request_hash"]}"')
+        key = json.dumps(params["idempotency_key"])
+        parts.append(f',"idempotency_key":{key},"request_hash":"{params["request_hash"]}"')
     for name in ("deadline", "scheduled_at"):
         if params[name] is not None:
             parts.append(f',"{name}":"{params[name].isoformat()}"')
     if params["trace_context"] is not None:
-        parts.append(f',"trace_context":{_compact(params["trace_context"])}')
+        parts.append(f',"trace_context":{json.dumps(params["trace_context"])}')
     parts.append("}")
     return "".join(parts)
 
@@ -322,6 +334,7 @@ class Engine:
         self.schedule_listeners: list[Callable[[], None]] = []
         self._announcing: asyncio.Task[None] | None = None
         self._announced = float("-inf")  # the loop's time of the last announcement sent
+        self._announcements: set[asyncio.Task[None]] = set()  # waiting or sending
 
     @classmethod
     async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, announces: bool = False,
@@ -346,7 +359,9 @@ class Engine:
         for listener in self.available_listeners:
             listener()
         if self.announces and self._announcing is None:
-            self._announcing = asyncio.get_running_loop().create_task(self._notify_others())
+            task = self._announcing = asyncio.get_running_loop().create_task(self._notify_others())
+            self._announcements.add(task)  # until sent: close() waits for it
+            task.add_done_callback(self._announcements.discard)
 
     async def _notify_others(self) -> None:
         loop = asyncio.get_running_loop()
@@ -364,9 +379,9 @@ class Engine:
             log.warning("announcing new work failed: %s", e)
 
     async def close(self) -> None:
-        if self._announcing is not None:
+        if self._announcing is not None:  # still waiting: nothing to send it for any more
             self._announcing.cancel()
-            await asyncio.gather(self._announcing, return_exceptions=True)
+        await asyncio.gather(*self._announcements, return_exceptions=True)  # one being sent ends first
         await self.warm.close()
         await self.pool.close()
 
@@ -471,6 +486,8 @@ class Engine:
             message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
             raise InvalidArgument(message) from None
         input_json, size = checked_payload_text(job.input, "input", self.max_payload_bytes)
+        if job.idempotency_key:
+            _utf8(job.idempotency_key, "idempotency_key")
         # The fingerprint matters only to a repeat of the same idempotency key.
         fingerprint = None
         if job.idempotency_key:

@@ -91,6 +91,19 @@ async def test_keys_and_inputs_that_json_escapes_are_stored_as_given(engine: Eng
     assert (await engine.enqueue_many([jobs[0]]))[0][:1] == (str(first),)
 
 
+async def test_a_lone_surrogate_fails_its_own_job_not_the_batch_it_would_share(engine: Engine) -> None:
+    """Only Python callers can send one (protobuf strings are UTF-8): in an input or an
+    idempotency key it is refused, naming the field, before the job joins a batch; the
+    other callers' jobs are made."""
+    batcher = EnqueueBatcher(engine)
+    jobs = [Job("ok", input={"n": 1}), Job("bad", input={"s": "a\ud800"}), Job("ok", input={"n": 2}),
+            Job("bad", idempotency_key="k\udfff"), Job("ok", input={"n": 3})]
+    outcomes = await asyncio.gather(*(batcher.enqueue(j) for j in jobs), return_exceptions=True)
+    assert isinstance(outcomes[1], InvalidArgument) and outcomes[1].message.startswith("input: contains a lone surrogate")
+    assert isinstance(outcomes[3], InvalidArgument) and outcomes[3].message.startswith("idempotency_key: contains")
+    assert all(isinstance(outcomes[i], tuple) and outcomes[i][2] for i in (0, 2, 4)), outcomes
+
+
 async def test_a_repeated_idempotency_key_in_one_call_acts_as_calls_in_order(engine: Engine, conn) -> None:
     same = Job("mail", input={"to": "x"}, idempotency_key="k1")
     (r1, s1, c1), (r2, s2, c2), (r3, _, c3) = await engine.enqueue_many([same, same, Job("other")])

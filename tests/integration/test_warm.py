@@ -162,3 +162,41 @@ async def test_the_engine_runs_its_statements_on_a_kept_connection_and_closes_cl
     finally:
         await engine.close()
     assert engine.warm.kept == 0
+
+
+async def test_when_somebody_waits_for_the_pool_every_kept_connection_goes_back(db_url: str) -> None:
+    three = AsyncConnectionPool(db_url, min_size=3, max_size=3, open=False, kwargs={"autocommit": True})
+    await three.open(wait=True, timeout=30)
+    warm = WarmConnections(three, size=3, idle=60)
+    try:
+        await asyncio.gather(*(warm.fetch("SELECT pg_sleep(0.1)", {}, tuple_row) for _ in range(3)))
+        assert warm.kept == 3 and available(three) == 0
+        waiting = asyncio.create_task(three.getconn(timeout=10))
+        await until(lambda: three.get_stats().get("requests_waiting", 0) == 1)
+        await pid(warm)  # takes a kept one; parking it, it sees the waiter
+        conn = await waiting
+        assert warm.kept == 0 and available(three) == 2
+        await three.putconn(conn)
+    finally:
+        await warm.close()
+        await three.close()
+
+
+async def test_a_cursor_is_not_kept_after_a_large_statement(pool: AsyncConnectionPool) -> None:
+    warm = WarmConnections(pool, idle=60)
+    try:
+        await warm.fetch("SELECT length(%(s)s) AS n", {"s": "x" * 10}, dict_row)
+        assert list(warm._free[-1].cursors) == [dict_row]
+        big = "x" * (200 * 1024)
+        assert (await warm.fetch("SELECT length(%(s)s) AS n", {"s": big}, dict_row)) == [{"n": len(big)}]
+        assert warm._free[-1].cursors == {}  # its parameters went with it
+        rows = await warm.fetch("SELECT generate_series(1, 5000) AS i", {}, tuple_row)
+        assert len(rows) == 5000 and warm._free[-1].cursors == {}
+    finally:
+        await warm.close()
+
+
+async def test_a_pool_whose_connections_are_not_in_autocommit_is_refused(db_url: str) -> None:
+    plain = AsyncConnectionPool(db_url, min_size=1, max_size=1, open=False)
+    with pytest.raises(ValueError, match="autocommit"):
+        WarmConnections(plain)
