@@ -514,7 +514,7 @@ class Engine:
         rows = await self._all("jobs_enqueue", jobs=_jobs_payload(jobs))
         if len(rows) != len(jobs):  # one row per job, or the transaction failed
             raise RuntimeError(f"cyclone_jobs_enqueue returned {len(rows)} rows for {len(jobs)} jobs")
-        return [(str(r["run_id"]), str(r["step_id"]), r["created"]) for r in rows]
+        return [(r["run_id"], r["step_id"], r["created"]) for r in rows]  # ids as text already
 
     async def enqueue_claim(self, jobs: Sequence[PreparedJob], owner: str, kinds: Sequence[str], limit: int,
                             lease_ttl: float) -> tuple[list[tuple[str, str, bool]], list[Any]]:

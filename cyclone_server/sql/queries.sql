@@ -28,7 +28,8 @@ SELECT run_id, step_id, created FROM cyclone_job_enqueue(%(node)s, %(input)s, %(
                                                           p_trace_context => %(trace_context)s);
 
 -- name: jobs_enqueue
-SELECT idx, run_id, step_id, created FROM cyclone_jobs_enqueue(%(jobs)s::jsonb) ORDER BY idx;
+-- The ids as text: what the Enqueue responses carry.
+SELECT idx, run_id::text AS run_id, step_id::text AS step_id, created FROM cyclone_jobs_enqueue(%(jobs)s::jsonb) ORDER BY idx;
 
 -- name: steps_claim
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
