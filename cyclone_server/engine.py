@@ -486,11 +486,10 @@ class Engine:
             message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
             raise InvalidArgument(message) from None
         input_json, size = checked_payload_text(job.input, "input", self.max_payload_bytes)
-        if job.idempotency_key:
-            _utf8(job.idempotency_key, "idempotency_key")
         # The fingerprint matters only to a repeat of the same idempotency key.
         fingerprint = None
         if job.idempotency_key:
+            _utf8(job.idempotency_key, "idempotency_key")
             fp = job.request_fingerprint if job.request_fingerprint is not None else (
                 job.kind, job.input, job.priority, job.deadline, job.scheduled_at, dict(job.options))
             fingerprint = request_hash("job", fp)

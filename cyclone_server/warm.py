@@ -7,13 +7,14 @@ server runs its statements one after another (a batch of jobs, a claim, a batch 
 results), so a connection that has just served one is kept, with its cursors, for the
 next: a free list in front of the pool.
 
-A kept connection goes back to the pool when it has been unused for `idle` seconds, when
-it was taken from the pool more than `hold` seconds ago (so the pool's own checks and
-max_lifetime still apply to it), after any error (the pool replaces a connection that
-broke, as it would have), and, with every other kept one, whenever somebody waits for a
-connection of the pool. At most `size` are kept. A cursor is not kept after a statement
-with large text parameters or many rows, which it would hold until its next statement.
-The pool's connections must be in autocommit: between two uses one holds no transaction.
+A kept connection goes back to the pool when it has been unused for `idle` seconds (they
+are looked at every `idle` seconds, so up to twice that), when it was taken from the pool
+more than `hold` seconds ago (so the pool's own checks and max_lifetime still apply to
+it), after any error (the pool replaces a connection that broke, as it would have), and,
+with every other kept one, whenever somebody waits for a connection of the pool. At most
+`size` are kept. A cursor is not kept after a statement with large text parameters or many
+rows, which it would hold until its next statement. The pool's connections must be in
+autocommit: between two uses one holds no transaction.
 """
 
 from __future__ import annotations
