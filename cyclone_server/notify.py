@@ -108,10 +108,8 @@ class Notifier:
                 if self._conn is None or self._conn.closed:
                     await self._reconnect()
                 assert self._conn is not None
-                async for n in self._conn.notifies():
-                    if n.channel in self._waiters:
-                        self._fire(n.channel, n.payload)
-                reason = "closed"  # notifies() ends only when the connection closed under it
+                await self._read(self._conn)
+                reason = "closed"
             except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on
                 reason = str(e)
             log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", reason, self.reconnect_initial)
@@ -119,6 +117,38 @@ class Notifier:
                 await self._conn.close()
                 self._conn = None
             await asyncio.sleep(self.reconnect_initial)
+
+    async def _read(self, conn: psycopg.AsyncConnection) -> None:
+        """Fire the notifications that arrive on `conn` until it breaks (raising) or closes.
+
+        One reader on the socket for as long as the connection lives, which reads what has
+        arrived and fires each notification in it. psycopg's `notifies()` makes a future, a
+        timer and a reader for each notification it waits for: 130 µs of the server's CPU
+        each on a slow machine, for a notification that every results batch ending runs
+        sends (docs/benchmarks.md, fifteenth pass)."""
+        loop = asyncio.get_running_loop()
+        pgconn = conn.pgconn
+        encoding = conn.info.encoding
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()  # raises once the connection broke or closed
+                while (n := pgconn.notifies()) is not None:
+                    channel = n.relname.decode(encoding)
+                    if channel in self._waiters:
+                        self._fire(channel, n.extra.decode(encoding))
+            except Exception as e:
+                if not ended.done():
+                    ended.set_exception(e)
+
+        fd = pgconn.socket
+        loop.add_reader(fd, readable)
+        try:
+            readable()  # what arrived before the reader (LISTEN's own replies are read)
+            await ended
+        finally:
+            loop.remove_reader(fd)
 
     async def _reconnect(self) -> None:
         """Connect again, retrying with exponential backoff (reconnect_initial doubling up to

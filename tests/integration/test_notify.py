@@ -292,3 +292,20 @@ async def test_a_subscriber_can_skip_payloads(notifier: Notifier, conn: psycopg.
     await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")
     await until(lambda: len(every) == 2)
     assert len(settler) == 1
+
+
+async def test_every_notification_of_a_burst_reaches_the_subscribers(
+        notifier: Notifier, db_url: str) -> None:
+    """Notifications that arrive together are read together (Notifier._read): each one
+    still fires, with its own payload, and a waiter wakes."""
+    every: list[None] = []
+    tops: list[None] = []
+    notifier.subscribe("cyclone_run_ended", lambda: every.append(None))
+    notifier.subscribe("cyclone_run_ended", lambda: tops.append(None), skip={""})
+    waiting = asyncio.create_task(notifier.wait("cyclone_run_ended", timeout=30))
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as sender:
+        for i in range(300):  # 300 transactions back to back (one would fold its notifications)
+            await sender.execute("SELECT pg_notify('cyclone_run_ended', %s)", ("top" if i % 3 == 0 else "",))
+    await until(lambda: len(every) == 300)
+    assert len(tops) == 100
+    assert await waiting is True
