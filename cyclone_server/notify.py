@@ -109,7 +109,7 @@ class Notifier:
                     await self._reconnect()
                 assert self._conn is not None
                 await self._read(self._conn)
-                reason = "closed"
+                reason = "closed"  # _read ends by raising: this is only a default
             except Exception as e:  # psycopg.Error mostly; whatever it is, listening must go on
                 reason = str(e)
             log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", reason, self.reconnect_initial)
@@ -145,7 +145,7 @@ class Notifier:
         fd = pgconn.socket
         loop.add_reader(fd, readable)
         try:
-            readable()  # what arrived before the reader (LISTEN's own replies are read)
+            readable()  # what libpq read in with LISTEN's replies wakes no reader on the socket
             await ended
         finally:
             loop.remove_reader(fd)
