@@ -197,10 +197,14 @@ def storable_message(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
     return raw[:limit].decode("utf-8", "ignore") + f"... [cut at {limit} of {len(raw)} bytes]"
 
 
+def _node_and_json(kind: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    node = definitions.normalize_job(kind, options)
+    return node, _compact(node)
+
+
 @functools.lru_cache(maxsize=1024)
 def _cached_job_node(kind: str, options: tuple[tuple[str, type, Any], ...]) -> tuple[dict[str, Any], str]:
-    node = definitions.normalize_job(kind, {k: v for k, _, v in options})
-    return node, _compact(node)
+    return _node_and_json(kind, {k: v for k, _, v in options})
 
 
 def _job_node(kind: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -211,8 +215,7 @@ def _job_node(kind: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], st
     try:
         hash(key)
     except TypeError:  # an option the cache cannot key: checked every time
-        node = definitions.normalize_job(kind, options)
-        return node, _compact(node)
+        return _node_and_json(kind, options)
     return _cached_job_node(kind, key)
 
 

@@ -80,9 +80,13 @@ class WarmConnections:
         """How many connections are kept now, unused."""
         return len(self._free)
 
+    async def _take(self) -> _Warm:
+        """The connection kept last, else one of the pool's."""
+        return self._free.pop() if self._free else _Warm(await self.pool.getconn())
+
     async def fetch(self, query: str, params: Mapping[str, Any], row_factory: Any) -> list[Any]:
         """The rows of one statement (none for a statement that returns no rows)."""
-        warm = self._free.pop() if self._free else _Warm(await self.pool.getconn())
+        warm = await self._take()
         try:
             cur = warm.cursors.get(row_factory)
             if cur is None:
@@ -105,7 +109,7 @@ class WarmConnections:
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """A connection for several statements (a transaction, a pipeline), kept afterwards
         like fetch's; given back to the pool if the block raised."""
-        warm = self._free.pop() if self._free else _Warm(await self.pool.getconn())
+        warm = await self._take()
         try:
             yield warm.conn
         except BaseException:
@@ -118,11 +122,11 @@ class WarmConnections:
         enough are kept, when it has been out of the pool `hold` seconds, when it is not
         idle, and when somebody waits for one of the pool's. Then the kept ones go back
         too: a connection kept would sit unused while they wait."""
-        now = time.monotonic()
         if self.pool.get_stats().get("requests_waiting", 0):
             kept, self._free = self._free, []
             await self._give_back([warm, *kept])
             return
+        now = time.monotonic()
         if (self._closed or len(self._free) >= self.size or now - warm.taken > self.hold
                 or warm.conn.pgconn.transaction_status != TransactionStatus.IDLE
                 or warm.conn.pgconn.pipeline_status != PipelineStatus.OFF):
