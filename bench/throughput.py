@@ -1,10 +1,13 @@
 """End-to-end throughput and dispatch latency of Cyclone, against raw SQL doing the same row work.
 
-    .venv/bin/python bench/throughput.py [--jobs 10000] [--runs 1000] [--workers 2] [--slots 64] [--batch 100]
+    .venv/bin/python bench/throughput.py [--jobs 10000] [--runs 1000] [--workers 2] [--slots 64] [--batch 100] [--rounds 3]
 
 Everything runs on this machine together: an embedded Postgres with durable commits
 (fsync and synchronous_commit on), one `cyclone-server`, Python SDK workers as separate
-processes with no-op handlers, and the load generator. It prints one table:
+processes with no-op handlers, and the load generator. Each round runs every phase below
+in turn, Cyclone's on a fresh database, server and workers, the raw SQL baseline on a
+fresh database of its own, so a round's Cyclone and raw SQL figures are made minutes
+apart at most. It prints one table, a column per round and the median of the rounds:
 
 - standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s, once with
   one Enqueue call per job (64 calls in flight, `Client(enqueue_calls=0)`), once with one
@@ -218,6 +221,104 @@ async def bench_raw(url: str, jobs: int, connections: int) -> float:
     return total / (time.monotonic() - t0)
 
 
+def one_round(pg: Any, tmp: Path, r: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One round: every Cyclone phase on a fresh database, server and workers; then the raw
+    SQL baseline on its own fresh database; then the transport's floor. Returns the figures."""
+    admin = pg.url("postgres")
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"CREATE DATABASE bench_cyclone_{r}")
+        c.execute(f"CREATE DATABASE bench_raw_{r}")
+    url = pg.url(f"bench_cyclone_{r}")
+    migrate(url)
+    note(f"round {r + 1}: starting the server and workers")
+    server, address = start_server(url, tmp)
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=worker_main, args=(address, args.slots), daemon=True)
+               for _ in range(args.workers)]
+    for w in workers:
+        w.start()
+    me, server_pid, worker_pids = os.getpid(), server.pid, [w.pid for w in workers]
+    groups = {"server": lambda: [server_pid], "postgres": lambda: postgres_pids(pg),
+              "workers": lambda: worker_pids, "client": lambda: [me]}
+    try:
+        out = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch, args.workers,
+                                        lambda: CpuSampler(groups)))
+    finally:
+        for w in workers:
+            w.terminate()
+        server.terminate()
+        server.wait(30)
+    note(f"round {r + 1}: baseline: raw SQL")
+    sampler = CpuSampler({"postgres": lambda: postgres_pids(pg), "client": lambda: [me]})
+    out["raw_steps_per_s"] = asyncio.run(bench_raw(pg.url(f"bench_raw_{r}"), args.jobs, connections=args.workers * 2))
+    out["raw_cpu_us"] = {name: seconds / args.jobs * 1e6 for name, seconds in sampler.stop().items()}
+    note(f"round {r + 1}: floor: a bare grpc.aio server answering Enqueue with a constant")
+    out["floor"] = grpc_floor(args.jobs, KIND)
+    cpu, floor = out["jobs_cpu_us"], out["floor"]
+    # What the Enqueue-per-job phase could reach if the server cost no more per job than the
+    # bare constant-answer server does per call, everything else (client, workers, Postgres)
+    # costing what it did, and every core busy: server-side work alone cannot go past it.
+    out["ceiling"] = (os.cpu_count() or 1) * 1e6 / (floor["server_us"] + floor["client_us"] + cpu["workers"] + cpu["postgres"])
+    note(f"round {r + 1}: Enqueue per job {out['jobs_steps_per_s']:.0f} steps/s, raw SQL {out['raw_steps_per_s']:.0f} "
+         f"steps/s, ratio {out['jobs_steps_per_s'] / out['raw_steps_per_s']:.2f}")
+    return out
+
+
+def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """One table: a column per round, then the median of the rounds. In the ratio rows a
+    round's column is that round's ratio, and the last column the ratio of the medians."""
+    def med(get: Callable[[dict[str, Any]], float]) -> float:
+        return statistics.median(get(o) for o in rounds)
+
+    def rate(key: str) -> Callable[[dict[str, Any]], float]:
+        return lambda o: o[key]
+
+    measures: list[tuple[str, Callable[[dict[str, Any]], float], str]] = [
+        ("standalone jobs, Enqueue per job", rate("jobs_steps_per_s"), "steps/s"),
+        ("standalone jobs, SDK enqueue() per job, calls shared", rate("shared_steps_per_s"), "steps/s"),
+        (f"standalone jobs, EnqueueMany ({args.batch}/call)", rate("batched_steps_per_s"), "steps/s"),
+        ("DAG runs (10 nodes), end to end", rate("dag_steps_per_s"), "steps/s"),
+        ("dispatch latency p50", rate("latency_p50_ms"), "ms"),
+        ("dispatch latency p99", rate("latency_p99_ms"), "ms"),
+        ("baseline: raw SQL, same row work", rate("raw_steps_per_s"), "steps/s"),
+        ("Enqueue calls answered, while the workers drain", rate("jobs_calls_per_s"), "calls/s"),
+        ("floor: bare grpc.aio Enqueue, same client", lambda o: o["floor"]["calls_per_s"], "calls/s"),
+        ("floor: CPU per call, server", lambda o: o["floor"]["server_us"], "us"),
+        ("floor: CPU per call, client", lambda o: o["floor"]["client_us"], "us"),
+        *[(f"CPU per job, Enqueue per job: {who}", (lambda who: lambda o: o["jobs_cpu_us"][who])(who), "us")
+          for who in ("server", "postgres", "workers", "client")],
+        *[(f"CPU per job, raw SQL: {who}", (lambda who: lambda o: o["raw_cpu_us"][who])(who), "us")
+          for who in ("postgres", "client")],
+        ("ceiling: Enqueue per job with the server at the floor", rate("ceiling"), "steps/s"),
+    ]
+    ratios: list[tuple[str, str, str]] = [
+        ("ratio: Enqueue per job / raw SQL", "jobs_steps_per_s", "raw_steps_per_s"),
+        ("ratio: SDK enqueue() per job / raw SQL", "shared_steps_per_s", "raw_steps_per_s"),
+        ("ratio: EnqueueMany / raw SQL", "batched_steps_per_s", "raw_steps_per_s"),
+        ("ratio: ceiling / raw SQL", "ceiling", "raw_steps_per_s"),
+    ]
+    table: list[list[str]] = []
+    for name, get, unit in measures:
+        digits = 1 if unit == "ms" else 0
+        table.append([name, unit, *[f"{get(o):,.{digits}f}" for o in rounds], f"{med(get):,.{digits}f}"])
+    for name, top, bottom in ratios:
+        table.append([name, "", *[f"{o[top] / o[bottom]:.2f}" for o in rounds],
+                      f"{med(rate(top)) / med(rate(bottom)):.2f}"])
+    floor_ratio = [o["jobs_calls_per_s"] / o["floor"]["calls_per_s"] for o in rounds]
+    table.append(["ratio: Enqueue calls answered / floor", "", *[f"{v:.2f}" for v in floor_ratio],
+                  f"{med(rate('jobs_calls_per_s')) / med(lambda o: o['floor']['calls_per_s']):.2f}"])
+    header = ["measure", "unit", *[f"round {i + 1}" for i in range(len(rounds))], "median"]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    print(f"\njobs={args.jobs} runs={args.runs} workers={args.workers} slots={args.slots} batch={args.batch} "
+          f"rounds={len(rounds)} cores={os.cpu_count()} load(1,5,15)={tuple(round(x, 2) for x in os.getloadavg())}")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("| " + " | ".join("-" * w for w in widths) + " |")
+    for row in table:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), *(c.rjust(w) for c, w in zip(row[2:], widths[2:]))]
+        print("| " + " | ".join(cells) + " |")
+    print("(ratio rows: a round's column is that round's ratio; the median column is the ratio of the medians)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=10000)
@@ -225,75 +326,19 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100, help="jobs per EnqueueMany call")
+    ap.add_argument("--rounds", type=int, default=3, help="each figure is the median of this many rounds")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     with tempfile.TemporaryDirectory(prefix="cyclone-bench-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")  # durable: the default
         try:
-            admin = pg.url("postgres")
-            with psycopg.connect(admin, autocommit=True) as c:
-                c.execute("CREATE DATABASE bench_cyclone")
-                c.execute("CREATE DATABASE bench_raw")
-            url = pg.url("bench_cyclone")
-            migrate(url)
-            note("postgres ready; starting the server and workers")
-            server, address = start_server(url, Path(tmp))
-            ctx = mp.get_context("spawn")
-            workers = [ctx.Process(target=worker_main, args=(address, args.slots), daemon=True)
-                       for _ in range(args.workers)]
-            for w in workers:
-                w.start()
-            me, server_pid, worker_pids = os.getpid(), server.pid, [w.pid for w in workers]
-            groups = {"server": lambda: [server_pid], "postgres": lambda: postgres_pids(pg),
-                      "workers": lambda: worker_pids, "client": lambda: [me]}
-            try:
-                cyc = asyncio.run(bench_cyclone(url, address, args.jobs, args.runs, args.batch, args.workers,
-                                                lambda: CpuSampler(groups)))
-            finally:
-                for w in workers:
-                    w.terminate()
-                server.terminate()
-                server.wait(30)
-            note("baseline: raw SQL")
-            sampler = CpuSampler({"postgres": lambda: postgres_pids(pg), "client": lambda: [me]})
-            raw = asyncio.run(bench_raw(pg.url("bench_raw"), args.jobs, connections=args.workers * 2))
-            raw_cpu = {name: seconds / args.jobs * 1e6 for name, seconds in sampler.stop().items()}
+            note("postgres ready")
+            rounds = [one_round(pg, Path(tmp), r, args) for r in range(args.rounds)]
         finally:
             pg.stop()
-    note("floor: a bare grpc.aio server answering Enqueue with a constant")
-    floor = grpc_floor(args.jobs, KIND)
-    cpu = cyc["jobs_cpu_us"]
-    # What the Enqueue-per-job phase could reach if the server cost no more per job than the
-    # bare constant-answer server does per call, everything else (client, workers, Postgres)
-    # costing what it did, and every core busy: server-side work alone cannot go past it.
-    ceiling = (os.cpu_count() or 1) * 1e6 / (floor["server_us"] + floor["client_us"] + cpu["workers"] + cpu["postgres"])
-
-    rows = [
-        ("standalone jobs, Enqueue per job", f"{cyc['jobs_steps_per_s']:.0f} steps/s"),
-        ("standalone jobs, SDK enqueue() per job, calls shared", f"{cyc['shared_steps_per_s']:.0f} steps/s"),
-        (f"standalone jobs, EnqueueMany ({args.batch}/call)", f"{cyc['batched_steps_per_s']:.0f} steps/s"),
-        ("DAG runs (10 nodes), end to end", f"{cyc['dag_steps_per_s']:.0f} steps/s"),
-        ("dispatch latency p50", f"{cyc['latency_p50_ms']:.1f} ms"),
-        ("dispatch latency p99", f"{cyc['latency_p99_ms']:.1f} ms"),
-        ("baseline: raw SQL, same row work", f"{raw:.0f} steps/s"),
-        ("Enqueue calls answered, while the workers drain", f"{cyc['jobs_calls_per_s']:.0f} calls/s"),
-        ("floor: bare grpc.aio Enqueue, same client", f"{floor['calls_per_s']:.0f} calls/s"),
-        ("floor: CPU per call, server / client", f"{floor['server_us']:.0f} / {floor['client_us']:.0f} us"),
-        ("CPU per job, Enqueue per job: server / Postgres / workers / client",
-         f"{cpu['server']:.0f} / {cpu['postgres']:.0f} / {cpu['workers']:.0f} / {cpu['client']:.0f} us"),
-        ("CPU per job, raw SQL: Postgres / client", f"{raw_cpu['postgres']:.0f} / {raw_cpu['client']:.0f} us"),
-        ("ceiling: Enqueue per job with the server at the floor", f"{ceiling:.0f} steps/s"),
-        ("ratio: Enqueue per job / raw SQL", f"{cyc['jobs_steps_per_s'] / raw:.2f}"),
-        ("ratio: SDK enqueue() per job / raw SQL", f"{cyc['shared_steps_per_s'] / raw:.2f}"),
-        ("ratio: Enqueue calls answered / floor", f"{cyc['jobs_calls_per_s'] / floor['calls_per_s']:.2f}"),
-        ("ratio: ceiling / raw SQL", f"{ceiling / raw:.2f}"),
-        ("ratio: EnqueueMany / raw SQL", f"{cyc['batched_steps_per_s'] / raw:.2f}"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print(f"\njobs={args.jobs} runs={args.runs} workers={args.workers} slots={args.slots} batch={args.batch} "
-          f"cores={os.cpu_count()}")
-    for name, value in rows:
-        print(f"{name:<{width}}  {value:>14}")
+    report(rounds, args)
 
 
 if __name__ == "__main__":
