@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from engine_helpers import fetch, snapshot, violations
 
+from cyclone_server import batching
 from cyclone_server.batching import EnqueueBatcher
 from cyclone_server.engine import ENQUEUE_MANY_MAX, Engine, Job
 from cyclone_server.errors import AlreadyExists, InvalidArgument
@@ -347,4 +348,102 @@ async def test_a_call_that_waited_for_a_batch_is_written_without_a_claim_even_al
     [step] = await fetch(conn, "SELECT state, lease_owner FROM cyclone_steps WHERE run_id = %s", third_run)
     assert (step["state"], step["lease_owner"]) == ("running", "w")
     assert await violations(conn) == {}
+    await batcher.close()
+
+
+def held_claim(engine: Engine) -> tuple[Any, asyncio.Event, asyncio.Event]:
+    """A claim for EnqueueBatcher that holds the first batch (a lone call) until `release`:
+    calls made meanwhile queue behind it."""
+    writing, release = asyncio.Event(), asyncio.Event()
+
+    async def claim(jobs):
+        writing.set()
+        await release.wait()
+        rows, _ = await engine.enqueue_claim(jobs, "w", ["k"], 100, 30)
+        return rows
+    return claim, writing, release
+
+
+async def behind_a_held_batch(engine: Engine, waiting: int) -> tuple[EnqueueBatcher, list[asyncio.Task]]:
+    """A batcher whose first batch was written after `waiting` calls queued behind it; returns
+    once that batch committed, with the writer deciding about the next."""
+    claim, writing, release = held_claim(engine)
+    batcher = EnqueueBatcher(engine, claim=claim)
+    first = asyncio.create_task(batcher.enqueue(Job("k", input="first")))
+    await asyncio.wait_for(writing.wait(), 10)
+    behind = [asyncio.create_task(batcher.enqueue(Job("k", input=i))) for i in range(waiting)]
+    while len(batcher._waiting) < waiting:
+        await asyncio.sleep(0)
+    release.set()
+    await asyncio.wait_for(first, 10)
+    return batcher, behind
+
+
+async def test_a_batch_behind_another_waits_while_more_calls_come(engine: Engine, conn, monkeypatch) -> None:
+    """Under a stream of calls (GATHER_MIN already waiting behind a batch), the next batch
+    waits while each slice brings more calls: a call that comes during the wait joins it."""
+    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)  # long enough for any machine's pause
+    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
+    batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
+    late = asyncio.create_task(batcher.enqueue(Job("k", input="late")))
+    answers = await asyncio.wait_for(asyncio.gather(*behind, late), 10)
+    assert all(created for _, _, created in answers)
+    assert await txns(conn, [run_id for run_id, _, _ in answers]) == 1
+    assert await violations(conn) == {}
+    await batcher.close()
+
+
+@pytest.mark.parametrize("waiting", ["too few", "enough"])
+async def test_a_batch_behind_another_is_written_at_once_with_too_few_or_enough_calls(
+        engine: Engine, conn, monkeypatch, waiting: str) -> None:
+    """One call waiting behind a batch is no stream: it is written at once, as are
+    GATHER_ENOUGH calls. A call that comes while that batch is written goes in the next."""
+    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)
+    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
+    monkeypatch.setattr(batching, "GATHER_ENOUGH", 4)
+    batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN - 1 if waiting == "too few" else 4)
+    late = asyncio.create_task(batcher.enqueue(Job("k", input="late")))
+    answers = await asyncio.wait_for(asyncio.gather(*behind, late), 10)
+    assert await txns(conn, [run_id for run_id, _, _ in answers[:-1]]) == 1
+    assert await txns(conn, [run_id for run_id, _, _ in answers]) == 2
+    await batcher.close()
+
+
+async def test_a_stream_that_never_stops_still_has_its_batch_written_within_gather_max(
+        engine: Engine, conn, monkeypatch) -> None:
+    monkeypatch.setattr(batching, "GATHER_SLICE", 0.1)
+    monkeypatch.setattr(batching, "GATHER_MAX", 0.5)
+    batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
+    stream: list[asyncio.Task] = []
+
+    async def feed() -> None:  # a call every 20 ms, so that every slice brings more
+        for i in range(1000):
+            stream.append(asyncio.create_task(batcher.enqueue(Job("k", input=f"s{i}"))))
+            await asyncio.sleep(0.02)
+    feeder = asyncio.create_task(feed())
+    try:
+        answers = await asyncio.wait_for(asyncio.gather(*behind), 10)
+        assert not feeder.done()  # written while the stream went on
+    finally:
+        feeder.cancel()
+    await asyncio.gather(*stream)
+    assert await txns(conn, [run_id for run_id, _, _ in answers]) == 1
+    await batcher.close()
+
+
+async def test_callers_that_leave_while_a_batch_gathers_leave_no_job_and_the_writer_ends(
+        engine: Engine, conn, monkeypatch) -> None:
+    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)
+    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
+    batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
+    for task in behind:
+        task.cancel()
+    await asyncio.gather(*behind, return_exceptions=True)
+    assert not batcher._waiting
+    [writer] = batcher._tasks
+    await asyncio.wait_for(batcher.close(), 10)  # the writer saw nobody left and ended, without an error
+    assert batcher._writers == 0 and writer.exception() is None
+    run_id, _, created = await asyncio.wait_for(batcher.enqueue(Job("k", input="later")), 10)
+    inputs = sorted(r["input"] for r in await fetch(conn, "SELECT input FROM cyclone_runs"))
+    assert created and inputs == ["first", "later"]
     await batcher.close()
