@@ -4,7 +4,7 @@ Each Enqueue call alone costs a transaction and a durable commit. Under load, th
 that arrive while a batch is being written wait for the next one, and go in it together.
 A lone call is written at once. Under a stream of calls (the next batch already holds
 several), the writer waits a little for more to join it: while each half millisecond
-brings more, for at most 2 ms (GATHER_*). A call returns only once its own job has
+brings more, for about 2 ms at most (GATHER_*). A call returns only once its own job has
 committed.
 
 When the database refuses one job of a batch (its idempotency key belongs to a different
@@ -34,11 +34,16 @@ log = logging.getLogger("cyclone.batching")
 BATCH_INPUT_BYTES = 16 << 20  # inputs per batch (compact JSON), so one batch's parameter stays moderate
 # Gathering a batch under a stream of calls (EnqueueBatcher._gather). With 64 calls in
 # flight, batches grew from 5 to 6 jobs to 10 to 12, and Postgres's CPU per job fell by
-# 13% (docs/benchmarks.md, sixteenth pass).
+# 11 to 19%; a closed loop of 8 callers lost about 6% of its rate to the wait
+# (docs/benchmarks.md, sixteenth pass).
 GATHER_MIN = 2  # calls already waiting: fewer is no stream, and is written at once
 GATHER_ENOUGH = 32  # calls waiting: written at once
-GATHER_SLICE = 0.0005  # seconds; the writer waits on while each slice brings more calls
-GATHER_MAX = 0.002  # seconds: the longest a batch waits for more
+# Seconds; the writer waits on while each slice brings more calls. asyncio's loop rounds a
+# timer up to its next millisecond when nothing else wakes it, so a slice takes 0.5 to 1 ms.
+GATHER_SLICE = 0.0005
+# Seconds: no slice starts after this, and the last one ends by it (give or take that rounding).
+GATHER_MAX = 0.002
+_sleep = asyncio.sleep  # the wait of one slice (a test paces it)
 _JOB_INDEX = re.compile(r"^jobs\[(\d+)\]: ")
 
 Waiter = tuple[PreparedJob, "asyncio.Future[tuple[str, str, bool]]"]
@@ -92,8 +97,11 @@ class EnqueueBatcher:
             raise
 
     async def close(self) -> None:
-        """Wait for the batches in progress (their callers are waiting for them)."""
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait for the batches in progress (their callers are waiting for them). A close
+        that is cancelled leaves them running: a writer stopped between two batches would
+        leave the calls queued behind it with no writer."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
 
     async def _write(self) -> None:
         # Only the call that found no batch in progress may be written with a claim: one
@@ -120,14 +128,15 @@ class EnqueueBatcher:
         a statement's fixed cost, in Postgres and here; a few calls that came together and
         find no more behind them are written after one slice."""
         seen = len(self._waiting)
-        if not GATHER_MIN <= seen < GATHER_ENOUGH:
+        enough = min(GATHER_ENOUGH, self.max_batch)
+        if not GATHER_MIN <= seen < enough:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + GATHER_MAX
-        while True:
-            await asyncio.sleep(GATHER_SLICE)
+        while (left := deadline - loop.time()) > 0:
+            await _sleep(min(GATHER_SLICE, left))
             now = len(self._waiting)
-            if now <= seen or now >= GATHER_ENOUGH or loop.time() >= deadline:
+            if now <= seen or now >= enough:
                 return
             seen = now
 

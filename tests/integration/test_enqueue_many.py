@@ -5,6 +5,7 @@ transactions."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -351,6 +352,13 @@ async def test_a_call_that_waited_for_a_batch_is_written_without_a_claim_even_al
     await batcher.close()
 
 
+async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
+        await asyncio.sleep(0.001)
+
+
 def held_claim(engine: Engine) -> tuple[Any, asyncio.Event, asyncio.Event]:
     """A claim for EnqueueBatcher that holds the first batch (a lone call) until `release`:
     calls made meanwhile queue behind it."""
@@ -372,8 +380,7 @@ async def behind_a_held_batch(engine: Engine, waiting: int) -> tuple[EnqueueBatc
     first = asyncio.create_task(batcher.enqueue(Job("k", input="first")))
     await asyncio.wait_for(writing.wait(), 10)
     behind = [asyncio.create_task(batcher.enqueue(Job("k", input=i))) for i in range(waiting)]
-    while len(batcher._waiting) < waiting:
-        await asyncio.sleep(0)
+    await until(lambda: len(batcher._waiting) == waiting, "the calls queue behind the held batch")
     release.set()
     await asyncio.wait_for(first, 10)
     return batcher, behind
@@ -409,10 +416,36 @@ async def test_a_batch_behind_another_is_written_at_once_with_too_few_or_enough_
     await batcher.close()
 
 
+async def test_a_batch_waits_on_while_each_slice_brings_more_calls_and_stops_after_one_that_brings_none(
+        engine: Engine, conn, monkeypatch) -> None:
+    slices: list[float] = []
+    ends: asyncio.Queue[None] = asyncio.Queue()
+
+    async def paced(seconds: float) -> None:  # a slice ends when the test says so
+        slices.append(seconds)
+        await ends.get()
+    monkeypatch.setattr(batching, "_sleep", paced)
+    monkeypatch.setattr(batching, "GATHER_MAX", 60.0)
+    batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
+    late = []
+    for i in range(2):  # a call comes in each of two slices
+        await until(lambda: len(slices) == i + 1, f"slice {i + 1} starts")
+        late.append(asyncio.create_task(batcher.enqueue(Job("k", input=f"late{i}"))))
+        await until(lambda: len(batcher._waiting) == batching.GATHER_MIN + i + 1, "the late call queues")
+        ends.put_nowait(None)
+    await until(lambda: len(slices) == 3, "a third slice starts")  # and brings none
+    ends.put_nowait(None)
+    answers = await asyncio.wait_for(asyncio.gather(*behind, *late), 10)
+    assert len(slices) == 3 and slices[0] == batching.GATHER_SLICE
+    assert await txns(conn, [run_id for run_id, _, _ in answers]) == 1
+    await batcher.close()
+
+
 async def test_a_stream_that_never_stops_still_has_its_batch_written_within_gather_max(
         engine: Engine, conn, monkeypatch) -> None:
     monkeypatch.setattr(batching, "GATHER_SLICE", 0.1)
     monkeypatch.setattr(batching, "GATHER_MAX", 0.5)
+    monkeypatch.setattr(batching, "GATHER_ENOUGH", 10_000)  # only the time limit ends the wait
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     stream: list[asyncio.Task] = []
 
@@ -422,8 +455,7 @@ async def test_a_stream_that_never_stops_still_has_its_batch_written_within_gath
             await asyncio.sleep(0.02)
     feeder = asyncio.create_task(feed())
     try:
-        answers = await asyncio.wait_for(asyncio.gather(*behind), 10)
-        assert not feeder.done()  # written while the stream went on
+        answers = await asyncio.wait_for(asyncio.gather(*behind), 5)  # the stream goes on for 20 s
     finally:
         feeder.cancel()
     await asyncio.gather(*stream)
