@@ -6,8 +6,9 @@ Everything runs on this machine together: an embedded Postgres with durable comm
 (fsync and synchronous_commit on), one `cyclone-server`, Python SDK workers as separate
 processes with no-op handlers, and the load generator. Each round runs every phase below
 in turn, Cyclone's on a fresh database, server and workers, the raw SQL baseline on a
-fresh database of its own, so a round's Cyclone and raw SQL figures are made minutes
-apart at most. It prints one table, a column per round and the median of the rounds:
+fresh database of its own (so a round's Cyclone and raw SQL figures are made minutes
+apart at most), then the floor once both databases are dropped. It prints one table, a
+column per round and the median of the rounds:
 
 - standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s, once with
   one Enqueue call per job (64 calls in flight, `Client(enqueue_calls=0)`), once with one
@@ -223,7 +224,8 @@ async def bench_raw(url: str, jobs: int, connections: int) -> float:
 
 def one_round(pg: Any, tmp: Path, r: int, args: argparse.Namespace) -> dict[str, Any]:
     """One round: every Cyclone phase on a fresh database, server and workers; then the raw
-    SQL baseline on its own fresh database; then the transport's floor. Returns the figures."""
+    SQL baseline on its own fresh database; the databases dropped; then the transport's floor.
+    Returns the figures."""
     admin = pg.url("postgres")
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(f"CREATE DATABASE bench_cyclone_{r}")
@@ -246,12 +248,20 @@ def one_round(pg: Any, tmp: Path, r: int, args: argparse.Namespace) -> dict[str,
     finally:
         for w in workers:
             w.terminate()
+        for w in workers:
+            w.join(30)
         server.terminate()
         server.wait(30)
     note(f"round {r + 1}: baseline: raw SQL")
     sampler = CpuSampler({"postgres": lambda: postgres_pids(pg), "client": lambda: [me]})
     out["raw_steps_per_s"] = asyncio.run(bench_raw(pg.url(f"bench_raw_{r}"), args.jobs, connections=args.workers * 2))
     out["raw_cpu_us"] = {name: seconds / args.jobs * 1e6 for name, seconds in sampler.stop().items()}
+    # Nothing of this round left for Postgres to vacuum or write out in the next one, or
+    # under the floor (Postgres idles while it runs).
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(f"DROP DATABASE bench_cyclone_{r} WITH (FORCE)")
+        c.execute(f"DROP DATABASE bench_raw_{r} WITH (FORCE)")
+        c.execute("CHECKPOINT")
     note(f"round {r + 1}: floor: a bare grpc.aio server answering Enqueue with a constant")
     out["floor"] = grpc_floor(args.jobs, KIND)
     cpu, floor = out["jobs_cpu_us"], out["floor"]
