@@ -372,6 +372,12 @@ def held_claim(engine: Engine) -> tuple[Any, asyncio.Event, asyncio.Event]:
     return claim, writing, release
 
 
+def gather_times(monkeypatch, slice_: float = 0.5, max_: float = 10.0, **more: float) -> None:
+    """Long GATHER_* times, so that the tests do not depend on the machine's pace."""
+    for name, value in {"GATHER_SLICE": slice_, "GATHER_MAX": max_, **more}.items():
+        monkeypatch.setattr(batching, name, value)
+
+
 async def behind_a_held_batch(engine: Engine, waiting: int) -> tuple[EnqueueBatcher, list[asyncio.Task]]:
     """A batcher whose first batch was written after `waiting` calls queued behind it; returns
     once that batch committed, with the writer deciding about the next."""
@@ -389,8 +395,7 @@ async def behind_a_held_batch(engine: Engine, waiting: int) -> tuple[EnqueueBatc
 async def test_a_batch_behind_another_waits_while_more_calls_come(engine: Engine, conn, monkeypatch) -> None:
     """Under a stream of calls (GATHER_MIN already waiting behind a batch), the next batch
     waits while each slice brings more calls: a call that comes during the wait joins it."""
-    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)  # long enough for any machine's pause
-    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
+    gather_times(monkeypatch)
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     late = asyncio.create_task(batcher.enqueue(Job("k", input="late")))
     answers = await asyncio.wait_for(asyncio.gather(*behind, late), 10)
@@ -405,9 +410,7 @@ async def test_a_batch_behind_another_is_written_at_once_with_too_few_or_enough_
         engine: Engine, conn, monkeypatch, waiting: str) -> None:
     """One call waiting behind a batch is no stream: it is written at once, as are
     GATHER_ENOUGH calls. A call that comes while that batch is written goes in the next."""
-    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)
-    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
-    monkeypatch.setattr(batching, "GATHER_ENOUGH", 4)
+    gather_times(monkeypatch, GATHER_ENOUGH=4)
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN - 1 if waiting == "too few" else 4)
     late = asyncio.create_task(batcher.enqueue(Job("k", input="late")))
     answers = await asyncio.wait_for(asyncio.gather(*behind, late), 10)
@@ -425,7 +428,7 @@ async def test_a_batch_waits_on_while_each_slice_brings_more_calls_and_stops_aft
         slices.append(seconds)
         await ends.get()
     monkeypatch.setattr(batching, "_sleep", paced)
-    monkeypatch.setattr(batching, "GATHER_MAX", 60.0)
+    gather_times(monkeypatch, max_=60.0)
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     late = []
     for i in range(2):  # a call comes in each of two slices
@@ -443,9 +446,7 @@ async def test_a_batch_waits_on_while_each_slice_brings_more_calls_and_stops_aft
 
 async def test_a_stream_that_never_stops_still_has_its_batch_written_within_gather_max(
         engine: Engine, conn, monkeypatch) -> None:
-    monkeypatch.setattr(batching, "GATHER_SLICE", 0.1)
-    monkeypatch.setattr(batching, "GATHER_MAX", 0.5)
-    monkeypatch.setattr(batching, "GATHER_ENOUGH", 10_000)  # only the time limit ends the wait
+    gather_times(monkeypatch, 0.1, 0.5, GATHER_ENOUGH=10_000)  # only the time limit ends the wait
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     stream: list[asyncio.Task] = []
 
@@ -465,8 +466,7 @@ async def test_a_stream_that_never_stops_still_has_its_batch_written_within_gath
 
 async def test_callers_that_leave_while_a_batch_gathers_leave_no_job_and_the_writer_ends(
         engine: Engine, conn, monkeypatch) -> None:
-    monkeypatch.setattr(batching, "GATHER_SLICE", 0.5)
-    monkeypatch.setattr(batching, "GATHER_MAX", 10.0)
+    gather_times(monkeypatch)
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     for task in behind:
         task.cancel()
