@@ -277,46 +277,50 @@ def one_round(pg: Any, tmp: Path, r: int, args: argparse.Namespace) -> dict[str,
 def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """One table: a column per round, then the median of the rounds. In the ratio rows a
     round's column is that round's ratio, and the last column the ratio of the medians."""
-    def med(get: Callable[[dict[str, Any]], float]) -> float:
+    Get = Callable[[dict[str, Any]], float]
+
+    def med(get: Get) -> float:
         return statistics.median(get(o) for o in rounds)
 
-    def rate(key: str) -> Callable[[dict[str, Any]], float]:
-        return lambda o: o[key]
+    def figure(*path: str) -> Get:
+        """A round's figure at `path` in its results (one_round's dict)."""
+        def get(o: Any) -> float:
+            for key in path:
+                o = o[key]
+            return o
+        return get
 
-    measures: list[tuple[str, Callable[[dict[str, Any]], float], str]] = [
-        ("standalone jobs, Enqueue per job", rate("jobs_steps_per_s"), "steps/s"),
-        ("standalone jobs, SDK enqueue() per job, calls shared", rate("shared_steps_per_s"), "steps/s"),
-        (f"standalone jobs, EnqueueMany ({args.batch}/call)", rate("batched_steps_per_s"), "steps/s"),
-        ("DAG runs (10 nodes), end to end", rate("dag_steps_per_s"), "steps/s"),
-        ("dispatch latency p50", rate("latency_p50_ms"), "ms"),
-        ("dispatch latency p99", rate("latency_p99_ms"), "ms"),
-        ("baseline: raw SQL, same row work", rate("raw_steps_per_s"), "steps/s"),
-        ("Enqueue calls answered, while the workers drain", rate("jobs_calls_per_s"), "calls/s"),
-        ("floor: bare grpc.aio Enqueue, same client", lambda o: o["floor"]["calls_per_s"], "calls/s"),
-        ("floor: CPU per call, server", lambda o: o["floor"]["server_us"], "us"),
-        ("floor: CPU per call, client", lambda o: o["floor"]["client_us"], "us"),
-        *[(f"CPU per job, Enqueue per job: {who}", (lambda who: lambda o: o["jobs_cpu_us"][who])(who), "us")
+    measures: list[tuple[str, Get, str]] = [
+        ("standalone jobs, Enqueue per job", figure("jobs_steps_per_s"), "steps/s"),
+        ("standalone jobs, SDK enqueue() per job, calls shared", figure("shared_steps_per_s"), "steps/s"),
+        (f"standalone jobs, EnqueueMany ({args.batch}/call)", figure("batched_steps_per_s"), "steps/s"),
+        ("DAG runs (10 nodes), end to end", figure("dag_steps_per_s"), "steps/s"),
+        ("dispatch latency p50", figure("latency_p50_ms"), "ms"),
+        ("dispatch latency p99", figure("latency_p99_ms"), "ms"),
+        ("baseline: raw SQL, same row work", figure("raw_steps_per_s"), "steps/s"),
+        ("Enqueue calls answered, while the workers drain", figure("jobs_calls_per_s"), "calls/s"),
+        ("floor: bare grpc.aio Enqueue, same client", figure("floor", "calls_per_s"), "calls/s"),
+        ("floor: CPU per call, server", figure("floor", "server_us"), "us"),
+        ("floor: CPU per call, client", figure("floor", "client_us"), "us"),
+        *[(f"CPU per job, Enqueue per job: {who}", figure("jobs_cpu_us", who), "us")
           for who in ("server", "postgres", "workers", "client")],
-        *[(f"CPU per job, raw SQL: {who}", (lambda who: lambda o: o["raw_cpu_us"][who])(who), "us")
-          for who in ("postgres", "client")],
-        ("ceiling: Enqueue per job with the server at the floor", rate("ceiling"), "steps/s"),
+        *[(f"CPU per job, raw SQL: {who}", figure("raw_cpu_us", who), "us") for who in ("postgres", "client")],
+        ("ceiling: Enqueue per job with the server at the floor", figure("ceiling"), "steps/s"),
     ]
-    ratios: list[tuple[str, str, str]] = [
-        ("ratio: Enqueue per job / raw SQL", "jobs_steps_per_s", "raw_steps_per_s"),
-        ("ratio: SDK enqueue() per job / raw SQL", "shared_steps_per_s", "raw_steps_per_s"),
-        ("ratio: EnqueueMany / raw SQL", "batched_steps_per_s", "raw_steps_per_s"),
-        ("ratio: ceiling / raw SQL", "ceiling", "raw_steps_per_s"),
+    raw = figure("raw_steps_per_s")
+    ratios: list[tuple[str, Get, Get]] = [
+        ("ratio: Enqueue per job / raw SQL", figure("jobs_steps_per_s"), raw),
+        ("ratio: SDK enqueue() per job / raw SQL", figure("shared_steps_per_s"), raw),
+        ("ratio: EnqueueMany / raw SQL", figure("batched_steps_per_s"), raw),
+        ("ratio: ceiling / raw SQL", figure("ceiling"), raw),
+        ("ratio: Enqueue calls answered / floor", figure("jobs_calls_per_s"), figure("floor", "calls_per_s")),
     ]
     table: list[list[str]] = []
     for name, get, unit in measures:
         digits = 1 if unit == "ms" else 0
         table.append([name, unit, *[f"{get(o):,.{digits}f}" for o in rounds], f"{med(get):,.{digits}f}"])
     for name, top, bottom in ratios:
-        table.append([name, "", *[f"{o[top] / o[bottom]:.2f}" for o in rounds],
-                      f"{med(rate(top)) / med(rate(bottom)):.2f}"])
-    floor_ratio = [o["jobs_calls_per_s"] / o["floor"]["calls_per_s"] for o in rounds]
-    table.append(["ratio: Enqueue calls answered / floor", "", *[f"{v:.2f}" for v in floor_ratio],
-                  f"{med(rate('jobs_calls_per_s')) / med(lambda o: o['floor']['calls_per_s']):.2f}"])
+        table.append([name, "", *[f"{top(o) / bottom(o):.2f}" for o in rounds], f"{med(top) / med(bottom):.2f}"])
     header = ["measure", "unit", *[f"round {i + 1}" for i in range(len(rounds))], "median"]
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     print(f"\njobs={args.jobs} runs={args.runs} workers={args.workers} slots={args.slots} batch={args.batch} "
