@@ -133,6 +133,42 @@ async def test_a_stream_of_new_work_is_announced_once_per_gap_and_lone_work_afte
         await server_engine.close()
 
 
+async def test_close_sends_an_announcement_past_its_window_and_drops_one_still_waiting(
+        notifier: Notifier, db_url: str) -> None:
+    """Engine.close lets an announcement that is past its window go out (the work it
+    announces committed, and another server may be waiting for it), and cancels one
+    still waiting out its window, which has nothing to be sent for any more."""
+    server_engine = await Engine.open(db_url, announces=True, min_size=1, max_size=1)
+    available: list[None] = []
+    notifier.subscribe("cyclone_available", lambda: available.append(None))
+    held = await server_engine.pool.getconn()  # its one connection: the announcement waits for it
+    try:
+        server_engine.announce(jobs_only=True)
+        sending = next(iter(server_engine._announcements))
+        await until(lambda: server_engine._announcing is None)  # past its window, waiting for the connection
+        closing = asyncio.create_task(server_engine.close())
+        for _ in range(20):  # close may not go past the announcement in flight
+            await asyncio.sleep(0.01)
+            assert not closing.done() and not sending.done()
+        await server_engine.pool.putconn(held)
+        held = None
+        await asyncio.wait_for(closing, 30)
+        assert sending.done() and not sending.cancelled()
+        await until(lambda: available)  # it went out
+    finally:
+        if held is not None:
+            await server_engine.pool.putconn(held)
+            await server_engine.close()
+
+    # An announcement still in its window when the engine closes is never sent.
+    server_engine = await Engine.open(db_url, announces=True, min_size=1, max_size=1)
+    server_engine.announce(jobs_only=True)
+    waiting = server_engine._announcing
+    assert waiting is not None
+    await server_engine.close()
+    assert waiting.cancelled()
+
+
 async def test_a_server_hears_the_other_servers_announcements_but_not_its_own(
         notifier: Notifier, db_url: str, conn: psycopg.AsyncConnection) -> None:
     """Engine.announce wakes the server's own dispatcher at once; the echo of its NOTIFY
