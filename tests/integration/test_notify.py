@@ -134,7 +134,7 @@ async def test_a_stream_of_new_work_is_announced_once_per_gap_and_lone_work_afte
 
 
 async def test_close_sends_an_announcement_past_its_window_and_drops_one_still_waiting(
-        notifier: Notifier, db_url: str) -> None:
+        notifier: Notifier, db_url: str, conn: psycopg.AsyncConnection) -> None:
     """Engine.close lets an announcement that is past its window go out (the work it
     announces committed, and another server may be waiting for it), and cancels one
     still waiting out its window, which has nothing to be sent for any more."""
@@ -161,12 +161,18 @@ async def test_close_sends_an_announcement_past_its_window_and_drops_one_still_w
             await server_engine.close()
 
     # An announcement still in its window when the engine closes is never sent.
+    sent = len(available)
     server_engine = await Engine.open(db_url, announces=True, min_size=1, max_size=1)
     server_engine.announce(jobs_only=True)
     waiting = server_engine._announcing
     assert waiting is not None
     await server_engine.close()
     assert waiting.cancelled()
+    marker: list[None] = []
+    notifier.subscribe("cyclone_run_ended", lambda: marker.append(None))
+    await conn.execute("SELECT pg_notify('cyclone_run_ended', '')")  # committed after anything it sent
+    await until(lambda: marker)
+    assert len(available) == sent
 
 
 async def test_a_server_hears_the_other_servers_announcements_but_not_its_own(
