@@ -141,7 +141,8 @@ async def test_close_sends_an_announcement_past_its_window_and_drops_one_still_w
     server_engine = await Engine.open(db_url, announces=True, min_size=1, max_size=1)
     available: list[None] = []
     notifier.subscribe("cyclone_available", lambda: available.append(None))
-    held = await server_engine.pool.getconn()  # its one connection: the announcement waits for it
+    held: psycopg.AsyncConnection | None = await server_engine.pool.getconn()  # the announcement waits for it
+    closing: asyncio.Task[None] | None = None
     try:
         server_engine.announce(jobs_only=True)
         sending = next(iter(server_engine._announcements))
@@ -152,21 +153,28 @@ async def test_close_sends_an_announcement_past_its_window_and_drops_one_still_w
             assert not closing.done() and not sending.done()
         await server_engine.pool.putconn(held)
         held = None
-        await asyncio.wait_for(closing, 30)
+        await asyncio.wait_for(asyncio.shield(closing), 30)
         assert sending.done() and not sending.cancelled()
         await until(lambda: available)  # it went out
     finally:
         if held is not None:
             await server_engine.pool.putconn(held)
+        if closing is None:
             await server_engine.close()
+        else:
+            await closing
 
     # An announcement still in its window when the engine closes is never sent.
     sent = len(available)
     server_engine = await Engine.open(db_url, announces=True, min_size=1, max_size=1)
-    server_engine.announce(jobs_only=True)
-    waiting = server_engine._announcing
-    assert waiting is not None
-    await server_engine.close()
+    try:
+        server_engine.announce(jobs_only=True)
+        waiting = server_engine._announcing
+        assert waiting is not None
+        await asyncio.sleep(0)  # it starts, and sleeps out its window
+        assert not waiting.done()
+    finally:
+        await server_engine.close()
     assert waiting.cancelled()
     marker: list[None] = []
     notifier.subscribe("cyclone_run_ended", lambda: marker.append(None))
