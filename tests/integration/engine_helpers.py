@@ -146,6 +146,15 @@ async def make_due(conn: psycopg.AsyncConnection, run_id: str) -> None:
                        "WHERE run_id = %s AND state IN ('available', 'paused')", (run_id,))
 
 
+async def until(cond: Callable[[], Any], what: str = "the condition", deadline: float = 20.0) -> None:
+    """Poll `cond` (a plain function, for state in this process) until it holds, failing
+    after `deadline` seconds; `eventually` is for a check that awaits."""
+    end = time.monotonic() + deadline
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 20.0,
                      step: Callable[[], Awaitable[Any]] | None = None) -> None:
     """Poll `check` (running `step` before each poll) until it holds or `timeout` passes."""

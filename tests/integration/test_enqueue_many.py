@@ -5,13 +5,12 @@ transactions."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
-from engine_helpers import fetch, snapshot, violations
+from engine_helpers import fetch, snapshot, until, violations
 
 from cyclone_server import batching
 from cyclone_server.batching import EnqueueBatcher
@@ -352,13 +351,6 @@ async def test_a_call_that_waited_for_a_batch_is_written_without_a_claim_even_al
     await batcher.close()
 
 
-async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting until {what}"
-        await asyncio.sleep(0.001)
-
-
 def held_claim(engine: Engine) -> tuple[Any, asyncio.Event, asyncio.Event]:
     """A claim for EnqueueBatcher that holds the first batch (a lone call) until `release`:
     calls made meanwhile queue behind it."""
@@ -386,7 +378,7 @@ async def behind_a_held_batch(engine: Engine, waiting: int) -> tuple[EnqueueBatc
     first = asyncio.create_task(batcher.enqueue(Job("k", input="first")))
     await asyncio.wait_for(writing.wait(), 10)
     behind = [asyncio.create_task(batcher.enqueue(Job("k", input=i))) for i in range(waiting)]
-    await until(lambda: len(batcher._waiting) == waiting, "the calls queue behind the held batch")
+    await until(lambda: len(batcher._waiting) == waiting, "the calls queue behind the held batch", deadline=10.0)
     release.set()
     await asyncio.wait_for(first, 10)
     return batcher, behind
@@ -432,11 +424,12 @@ async def test_a_batch_waits_on_while_each_slice_brings_more_calls_and_stops_aft
     batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
     late = []
     for i in range(2):  # a call comes in each of two slices
-        await until(lambda: len(slices) == i + 1, f"slice {i + 1} starts")
+        await until(lambda: len(slices) == i + 1, f"slice {i + 1} starts", deadline=10.0)
         late.append(asyncio.create_task(batcher.enqueue(Job("k", input=f"late{i}"))))
-        await until(lambda: len(batcher._waiting) == batching.GATHER_MIN + i + 1, "the late call queues")
+        await until(lambda: len(batcher._waiting) == batching.GATHER_MIN + i + 1, "the late call queues",
+                    deadline=10.0)
         ends.put_nowait(None)
-    await until(lambda: len(slices) == 3, "a third slice starts")  # and brings none
+    await until(lambda: len(slices) == 3, "a third slice starts", deadline=10.0)  # and brings none
     ends.put_nowait(None)
     answers = await asyncio.wait_for(asyncio.gather(*behind, *late), 10)
     assert len(slices) == 3 and slices[0] == batching.GATHER_SLICE

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
-from engine_helpers import claim_one, start, task
+from engine_helpers import claim_one, start, task, until
 
 from cyclone_server.engine import ANNOUNCE_GAP, Engine, Result
 from cyclone_server.notify import Notifier
@@ -23,13 +23,6 @@ async def notifier(db_url: str) -> AsyncIterator[Notifier]:
         yield n
     finally:
         await n.stop()
-
-
-async def until(cond, deadline: float = 20.0) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.02)
 
 
 async def test_wait_returns_true_on_a_notification_from_another_transaction(

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
-from engine_helpers import claim_one, run_row, start, states, step, task
+from engine_helpers import claim_one, run_row, start, states, step, task, until
 
 from cyclone_server import dispatch
 from cyclone_server.dispatch import MAX_LOCKED_WAIT, MIN_DUE_WAIT, Dispatcher, WorkerConn
@@ -326,13 +326,6 @@ async def running_dispatcher(engine: Engine, conn: WorkerConn, *, claim_pace: fl
     finally:
         await dispatcher.stop()
         await task_
-
-
-async def until(cond, what: str, deadline: float = 20.0) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_mixed_batch_gets_the_per_result_statuses_of_the_set_based_and_the_per_step_paths(

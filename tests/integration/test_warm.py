@@ -4,13 +4,13 @@ back to the pool when idle, when somebody waits for the pool, when it broke, and
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
+from engine_helpers import until
 
 from cyclone_server.engine import Engine
 from cyclone_server.warm import WarmConnections
@@ -30,13 +30,6 @@ async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool]:
 
 async def pid(warm: WarmConnections) -> int:
     return (await warm.fetch(PID, {}, dict_row))[0]["pid"]
-
-
-async def until(cond, deadline: float = 20.0) -> None:
-    end = time.monotonic() + deadline
-    while not cond():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.02)
 
 
 def available(pool: AsyncConnectionPool) -> int:
