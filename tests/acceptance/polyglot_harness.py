@@ -14,10 +14,9 @@ import asyncio
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -25,13 +24,14 @@ from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
+from waits_helpers import until
+
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "examples" / "worker-node"
 GO_DIR = ROOT / "examples" / "worker-go"
 WORKERS_PROTO = ROOT / "proto" / "cyclone" / "v1" / "workers.proto"
 SETUP = "run scripts/examples_setup.sh (scripts/test.sh runs it)"
 DEADLINE = 60.0
-T = TypeVar("T")
 
 
 def worker_command(lang: str) -> list[str]:
@@ -113,22 +113,10 @@ class WorkerFixtures:
             print(f"--- {worker.worker_id} (exit {worker.proc.returncode}) ---\n{worker.log_text()}")
 
 
-async def wait_until(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = DEADLINE) -> T:
-    """Polls `check` until it returns something truthy; fails naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def wait_for_file(path: Path, timeout: float = DEADLINE) -> str:
     async def read() -> str | None:
         return path.read_text() if path.exists() else None
-    return await wait_until(read, f"{path.name}", timeout)
+    return await until(read, f"{path.name}", timeout)
 
 
 class StreamBreaker:
@@ -220,7 +208,7 @@ class Runs:
         async def check() -> types_pb2.Step | None:
             step = await self.step(run_id, node)
             return step if step.state == state else None
-        return await wait_until(check, f"step {node} of run {run_id} to be {types_pb2.StepState.Name(state)}", timeout)
+        return await until(check, f"step {node} of run {run_id} to be {types_pb2.StepState.Name(state)}", timeout)
 
 
 def step_of(run: types_pb2.Run, node: str) -> types_pb2.Step:

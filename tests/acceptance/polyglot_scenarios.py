@@ -14,7 +14,8 @@ import pytest
 
 from cyclone_proto import types_pb2
 from polyglot_harness import (DemoWorker, Runs, StreamBreaker, WorkerFixtures, state_name, step_of, task, to_py,
-                              wait_for_file, wait_until)
+                              wait_for_file)
+from waits_helpers import until
 
 RUNNING, COMPLETED = types_pb2.STEP_STATE_RUNNING, types_pb2.STEP_STATE_COMPLETED
 
@@ -138,7 +139,7 @@ class WorkerScenarios(WorkerFixtures):
 
         async def draining() -> bool:
             return "draining" in worker.log_text()
-        await wait_until(draining, "the worker to start draining")
+        await until(draining, "the worker to start draining")
         # Pushed into the free slot while the worker drains: it must come back unrun.
         second = await runs.start("drained", [task("a", "ok")])
         assert await asyncio.to_thread(worker.proc.wait, 30) == 0

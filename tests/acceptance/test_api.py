@@ -7,8 +7,7 @@ server's dispatcher leaves them to us).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -21,7 +20,7 @@ from cyclone_server.engine import Engine
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
 
-from waits_helpers import secs
+from waits_helpers import secs, until
 
 S = types_pb2  # enum values: S.RUN_STATE_RUNNING, S.STEP_STATE_AVAILABLE, ...
 
@@ -40,13 +39,6 @@ async def get(runs: runs_pb2_grpc.RunsStub, run_id: str) -> types_pb2.Run:
 
 def steps(run: types_pb2.Run) -> dict[str, types_pb2.Step]:
     return {s.node: s for s in run.steps}
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < end, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def status_of(call: Awaitable[Any]) -> grpc.StatusCode:
@@ -302,7 +294,7 @@ async def test_retry_after_deadline_needs_a_new_deadline(wf: workflows_pb2_grpc.
 
     async def failed() -> bool:
         return (await get(runs, run_id)).state == S.RUN_STATE_FAILED
-    await eventually(failed)
+    await until(failed, "the run failed by its deadline", 30)
     go = steps(await get(runs, run_id))["go"]
     assert go.state == S.STEP_STATE_DISCARDED and go.reason == "deadline"
     assert await status_of(runs.RetryStep(runs_pb2.RetryStepRequest(run_id=run_id, node="go"))) \

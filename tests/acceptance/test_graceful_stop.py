@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,21 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
-from waits_helpers import secs
+from waits_helpers import secs, until
 
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 DEADLINE = 30.0
-
-
-async def eventually(check: Callable[[], Any], what: str) -> Any:
-    """Polls the coroutine function `check` until it returns something truthy."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        found = await check()
-        if found:
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not within {DEADLINE} s: {what}")
 
 
 async def submit(channel: grpc.aio.Channel) -> str:
@@ -98,10 +86,10 @@ async def test_calls_in_flight_finish_within_grace_while_new_ones_are_unavailabl
                      for _ in range(3)]
             await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
             cancel = asyncio.ensure_future(runs.CancelRun(runs_pb2.CancelRunRequest(run_id=run_id)))
-            await eventually(lambda: blocked(conn), "CancelRun waits for the run's lock")
+            await until(lambda: blocked(conn), "CancelRun waits for the run's lock", DEADLINE)
             assert srv.proc is not None
             srv.proc.send_signal(signal.SIGTERM)
-            await eventually(lambda: drained(channel, run_id), "health NOT_SERVING and new calls UNAVAILABLE")
+            await until(lambda: drained(channel, run_id), "health NOT_SERVING and new calls UNAVAILABLE", DEADLINE)
             # WaitRun answers at once with the run as it stands, not after the grace period
             # (CancelRun is still waiting for the lock this test holds).
             for wait in waits:
@@ -126,7 +114,7 @@ async def test_calls_still_running_when_grace_ends_are_unavailable_not_cancelled
         async with run_locked(db_url, run_id):
             calls = [asyncio.ensure_future(status(runs.PauseRun(runs_pb2.PauseRunRequest(run_id=run_id))))
                      for _ in range(3)]
-            await eventually(lambda: blocked(conn), "PauseRun waits for the run's lock")
+            await until(lambda: blocked(conn), "PauseRun waits for the run's lock", DEADLINE)
             assert srv.proc is not None
             srv.proc.send_signal(signal.SIGTERM)
             # The lock is held until every call has its answer: none can finish.

@@ -9,9 +9,7 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +20,8 @@ import pytest
 from google.protobuf import duration_pb2, json_format
 
 from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2, workflows_pb2
+
+from waits_helpers import until
 
 DEADLINE = 30.0
 
@@ -41,14 +41,6 @@ async def runs_of(runs: runs_pb2_grpc.RunsStub, schedule: str) -> list[types_pb2
     return list((await runs.ListRuns(runs_pb2.ListRunsRequest(schedule=schedule, limit=1000))).runs)
 
 
-async def until(check: Callable[[], object], what: str, deadline: float = DEADLINE) -> None:
-    end = time.monotonic() + deadline
-    while not await check():  # type: ignore[misc]
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline} s: {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_schedule_starts_runs_on_time_and_is_steered_over_the_api(start_server, db_url: str) -> None:
     srv = start_server(db_url, extra_args=["--metrics-listen", "127.0.0.1:0"])
     async with grpc.aio.insecure_channel(srv.address) as ch:
@@ -60,7 +52,7 @@ async def test_a_schedule_starts_runs_on_time_and_is_steered_over_the_api(start_
 
         async def two_runs() -> bool:
             return len(await runs_of(runs, "tick")) >= 2
-        await until(two_runs, "two runs of an every-second schedule")
+        await until(two_runs, "two runs of an every-second schedule", DEADLINE)
         started = await runs_of(runs, "tick")
         for run in started:
             assert run.schedule_name == "tick" and run.schedule_fire_at.nanos == 0
@@ -155,7 +147,7 @@ async def test_several_servers_on_one_database_start_each_fire_time_once(start_s
 
         async def six() -> bool:
             return len(await runs_of(runs, "busy")) >= 6
-        await until(six, "six fires of a half-second schedule")
+        await until(six, "six fires of a half-second schedule", DEADLINE)
         await sched.PauseSchedule(schedules_pb2.PauseScheduleRequest(name="busy"))
         fired = sorted(r.schedule_fire_at.ToNanoseconds() for r in await runs_of(runs, "busy"))
         got = await sched.GetSchedule(schedules_pb2.GetScheduleRequest(name="busy"))
@@ -187,10 +179,7 @@ async def test_a_server_killed_mid_fire_leaves_the_fire_time_to_the_next_server(
     with psycopg.connect(db_url) as blocker:
         blocker.execute("INSERT INTO cyclone_runs (id, state, schedule_name, schedule_fire_at)"
                         " VALUES (gen_random_uuid(), 'cancelled', 'crash', %s)", (fire_at,))
-        end = time.monotonic() + DEADLINE
-        while (pid := _fire_blocked(db_url)) is None:
-            assert time.monotonic() < end, "the fire never reached the run's unique key"
-            await asyncio.sleep(0.05)
+        pid = await until(lambda: _fire_blocked(db_url), "the fire blocked on the run's unique key", DEADLINE)
         first.kill()  # SIGKILL, mid-fire
         with psycopg.connect(db_url, autocommit=True) as c:  # the host is gone: so is its session
             c.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -204,7 +193,7 @@ async def test_a_server_killed_mid_fire_leaves_the_fire_time_to_the_next_server(
 
         async def fired() -> bool:
             return len(await runs_of(runs, "crash")) >= 2
-        await until(fired, "the fire time of the killed server and the next one")
+        await until(fired, "the fire time of the killed server and the next one", DEADLINE)
         got = await runs_of(runs, "crash")
     at = [r.schedule_fire_at.ToDatetime(tzinfo=timezone.utc) for r in got]
     assert at.count(fire_at) == 1 and len(at) == len(set(at))
@@ -230,7 +219,7 @@ async def test_the_sdk_client_makes_and_steers_schedules_that_a_worker_runs(serv
 
         async def completed() -> bool:
             return len(await client.list(schedule="pulse", states=["completed"])) >= 2
-        await until(completed, "two completed runs of the schedule")
+        await until(completed, "two completed runs of the schedule", DEADLINE)
         done = await client.list(schedule="pulse", states=["completed"])
         assert all(r.schedule_name == "pulse" and r.schedule_fire_at is not None for r in done)
         assert seen[0] == {"from": "schedule"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +17,8 @@ from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, wor
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
 from cyclone_server.dispatch import HANDBACK_QUIET
+
+from waits_helpers import until
 
 DEADLINE = 30.0
 
@@ -145,16 +146,6 @@ async def one_lease(address: str, kind: str = "resize") -> AsyncIterator[tuple[A
             await w.close()
 
 
-async def until(cond: Callable[[], Any], deadline: float = DEADLINE) -> Any:
-    end = time.monotonic() + deadline
-    while True:
-        value = await cond()
-        if value:
-            return value
-        assert time.monotonic() < end, "condition not met before the deadline"
-        await asyncio.sleep(0.05)
-
-
 async def claim_waits(watch: psycopg.AsyncConnection) -> bool:
     """A claim (cyclone_leases_claim) is waiting for a lock: the test holds it up."""
     row = await (await watch.execute(
@@ -191,7 +182,7 @@ async def test_leases_never_exceed_slots_and_follow_results(channel, workers) ->
     await w.connect()
     first = await w.leases(2)
     # Two heartbeats later the server has had every chance to push more: it did not.
-    await until(lambda: asyncio.sleep(0, w.pings >= 2))
+    await until(lambda: w.pings >= 2, "two heartbeats", DEADLINE)
     assert w.inbox["leases"].empty()
     states = [(await get_step(channel, j.run_id)).state for j in jobs]
     assert states.count(types_pb2.STEP_STATE_RUNNING) == 2
@@ -308,7 +299,7 @@ async def test_a_hand_back_is_answered_with_a_ping_and_a_worker_that_carries_on_
     async with one_lease(srv.address) as (_, _, w, lease):
         await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
                                    snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
-        await until(lambda: asyncio.sleep(0, w.pings > 0), deadline=10)
+        await until(lambda: w.pings > 0, "a heartbeat", 10)
         (again,) = await w.leases(1)
         assert (again.step_id, again.lease_generation, again.snoozes) == (
             lease.step_id, lease.lease_generation + 1, 1)
@@ -331,7 +322,7 @@ async def test_leases_claimed_while_a_hand_back_arrives_are_pushed_once_the_work
         async with conn.transaction():
             await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
             await w.send(completed(first[c.step_id]))  # its slot frees now: a claim for b starts
-            await until(lambda: claim_waits(watch))
+            await until(lambda: claim_waits(watch), "a claim waiting for the lock", DEADLINE)
             handed = first[a.step_id]
             await w.send(pb.StepResult(step_id=handed.step_id, lease_generation=handed.lease_generation,
                                        snoozed=pb.Snoozed(delay=duration_pb2.Duration())))
@@ -360,12 +351,12 @@ async def test_leases_claimed_for_a_worker_that_half_closed_meanwhile_are_reclai
                 async with conn.transaction():
                     await conn.execute("LOCK TABLE cyclone_steps IN SHARE ROW EXCLUSIVE MODE")
                     await w.connect()
-                    await until(lambda: claim_waits(watch))
+                    await until(lambda: claim_waits(watch), "a claim waiting for the lock", DEADLINE)
                     w.pong = False
                     await w.done_writing()
                     assert await asyncio.wait_for(w.call.code(), DEADLINE) == grpc.StatusCode.OK
             # (Polled until reclaimed: right after the lock goes, the claim may not have run yet.)
-            step = await until(lambda: _reclaimed(channel, job.run_id), deadline=10)
+            step = await until(lambda: _reclaimed(channel, job.run_id), "the step reclaimed", 10)
             assert (step.state, step.attempt) == (types_pb2.STEP_STATE_AVAILABLE, 1)
             assert w.inbox["leases"].empty()
         finally:
@@ -449,7 +440,7 @@ async def test_a_second_hello_ends_the_stream_with_invalid_argument(workers) -> 
     w = workers(["resize"], 1)
     await w.connect()
     await w.write(pb.WorkerMessage(hello=w.hello))
-    await until(lambda: asyncio.sleep(0, w.ended))
+    await until(lambda: w.ended, "the stream ended", DEADLINE)
     assert w.ended.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "hello" in w.ended.details()
 
@@ -457,7 +448,7 @@ async def test_a_second_hello_ends_the_stream_with_invalid_argument(workers) -> 
 async def test_a_worker_that_stops_answering_pings_is_disconnected(workers) -> None:
     w = workers(["resize"], 1, pong=False)
     await w.connect()
-    await until(lambda: asyncio.sleep(0, w.ended))
+    await until(lambda: w.ended, "the stream ended", DEADLINE)
     assert w.ended.code() == grpc.StatusCode.UNAVAILABLE
     assert "pong" in w.ended.details()
     assert w.pings >= 2
@@ -543,7 +534,7 @@ async def test_a_reconnecting_worker_keeps_its_held_lease(channel, workers) -> N
     welcome = await w2.connect()
     assert list(welcome.lost) == [bogus]
     # Outlive the lease TTL several times: the server renews what the worker holds.
-    await until(lambda: asyncio.sleep(0, w2.pings >= 10))
+    await until(lambda: w2.pings >= 10, "ten heartbeats", DEADLINE)
     step = await get_step(channel, job.run_id)
     assert (step.state, step.lease_generation, step.reclaims) == (types_pb2.STEP_STATE_RUNNING,
                                                                   lease.lease_generation, 0)
@@ -598,11 +589,11 @@ async def test_sigterm_lets_held_leases_finish_and_keeps_them_valid_across_a_res
     (s,) = await slow.leases(1)
     stopping = asyncio.create_task(asyncio.to_thread(srv.terminate))
     # During the grace period results are still applied, but no new lease is pushed.
-    await until(lambda: asyncio.sleep(0, "stopping" in srv.log_text() or "signal" in srv.log_text()))
+    await until(lambda: "stopping" in srv.log_text() or "signal" in srv.log_text(), "the server stopping", DEADLINE)
     await quick.send(completed(q))
     assert (await quick.acks(1))[0].status == pb.ACK_STATUS_APPLIED
     assert await stopping == 0
-    await until(lambda: asyncio.sleep(0, quick.ended is not None and slow.ended is not None))
+    await until(lambda: quick.ended is not None and slow.ended is not None, "both streams ended", DEADLINE)
     assert slow.ended.code() == grpc.StatusCode.UNAVAILABLE
     assert quick.inbox["leases"].empty()
     await channel.close()
@@ -647,7 +638,7 @@ async def test_a_child_run_ending_settles_its_parent_node_without_waiting_for_th
                 run = await runs.GetRun(runs_pb2.GetRunRequest(run_id=parent.run_id))
                 return run.state == types_pb2.RUN_STATE_COMPLETED
 
-            await until(parent_completed)
+            await until(parent_completed, "the parent run completed", DEADLINE)
         finally:
             await w.close()
 
@@ -727,14 +718,16 @@ async def test_claims_at_once_for_one_free_slot_fill_it_once(channel, workers, d
         async with lock.transaction():
             await lock.execute("LOCK TABLE cyclone_step_deps IN ACCESS EXCLUSIVE MODE")
             first = asyncio.ensure_future(runs.Enqueue(runs_pb2.EnqueueRequest(kind="resize")))
-            await until(waiting_claims)  # this Enqueue's claim, or a dispatcher pass's
+            # This Enqueue's claim, or a dispatcher pass's:
+            await until(waiting_claims, "a claim waiting for the lock", DEADLINE)
             # The second job comes through EnqueueMany, which writes on its own (Enqueue's
             # batches are written one at a time, so a second Enqueue would wait for the
             # first) and announces it; with the slot held, the dispatcher's pass that this
             # wakes does not claim for the worker.
             second = asyncio.ensure_future(runs.EnqueueMany(runs_pb2.EnqueueManyRequest(
                 jobs=[runs_pb2.EnqueueRequest(kind="resize")])))
-            await until(lambda: _either(second, waiting_claims))
+            await until(lambda: _either(second, waiting_claims), "the second call answered, or its claim waiting",
+                        DEADLINE)
         a, (b,) = await first, (await second).jobs
         (lease,) = await w.leases(1)
         running = await (await watch.execute(

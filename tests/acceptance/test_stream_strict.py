@@ -3,7 +3,6 @@ lease alive forever, nothing a worker sends ends its stream but a protocol viola
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -17,7 +16,8 @@ from cyclone_proto import types_pb2
 from cyclone_proto import workers_pb2 as pb
 
 from test_metrics_server import metrics_port, scrape
-from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, one_lease, until, workers  # noqa: F401 (a fixture)
+from test_stream import DEADLINE, RawWorker, completed, enqueue, get_step, one_lease, workers  # noqa: F401 (a fixture)
+from waits_helpers import until
 
 MIB = 1 << 20
 LATER = duration_pb2.Duration(seconds=60)  # a retry stays available while the test looks at it
@@ -153,8 +153,8 @@ async def test_the_sdk_sends_the_size_of_an_oversized_output_not_the_output(pati
         return {"blob": "z" * (70 * MIB)}
 
     async with worker:
-        step = await until(lambda: _ended(engine, job.run_id))
-        await until(lambda: asyncio.sleep(0, worker.counts["applied"] == 1))  # its ack came
+        step = await until(lambda: _ended(engine, job.run_id), "the step ended", DEADLINE)
+        await until(lambda: worker.counts["applied"] == 1, "its ack", DEADLINE)
     assert (step["state"], step["reason"]) == ("discarded", "output_too_large")
     size = 70 * MIB + len('{"blob":""}')  # compact JSON
     assert f"output is {size} bytes" in step["errors"][-1]["message"]
@@ -181,9 +181,9 @@ async def test_a_silent_worker_s_leases_are_reclaimed_when_its_stream_ends_not_a
         try:
             await w.connect()
             (lease,) = await w.leases(1)
-            await until(lambda: asyncio.sleep(0, w.ended))
+            await until(lambda: w.ended, "the stream ended", DEADLINE)
             assert w.ended.code() == grpc.StatusCode.UNAVAILABLE
-            step = await until(lambda: _reclaimed(engine, job.run_id))
+            step = await until(lambda: _reclaimed(engine, job.run_id), "the step reclaimed", DEADLINE)
             assert (step["state"], step["reclaims"], step["attempt"]) == ("available", 1, 1)
             # Reclaimed as any expired lease: fenced, so the silent worker's late answer is stale.
             other = RawWorker(channel, ["resize"], 1)

@@ -18,7 +18,7 @@ from psycopg.rows import dict_row
 from cyclone_server.engine import Engine
 from cyclone_worker import CancelBranch, Client, Context, CycloneClientError, Permanent, Worker, Workflow
 
-from waits_helpers import DEADLINE, ended, run_when, states, until
+from waits_helpers import DEADLINE, ended, run_when, states
 
 
 @pytest.fixture

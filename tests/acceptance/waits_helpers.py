@@ -14,18 +14,20 @@ from cyclone_worker import Client, Run, Step
 DEADLINE = 60.0
 
 
-async def until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE) -> None:
-    """Poll `cond` (sync or async) until it holds; fail naming `what` after `timeout` seconds."""
+async def until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE, every: float = 0.05) -> Any:
+    """Poll `cond` (sync or async) every `every` seconds until it returns something truthy,
+    and return that; fail naming `what` after `timeout` seconds. The one poller of the
+    acceptance tests."""
     end = time.monotonic() + timeout
     while True:
         value = cond()
         if isinstance(value, Awaitable):
             value = await value
         if value:
-            return
+            return value
         if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(every)
 
 
 async def run_when(client: Client, run_id: str, check: Callable[[Run], bool], what: str) -> Run:
