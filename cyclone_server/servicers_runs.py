@@ -194,9 +194,10 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         older_than = convert.duration_seconds(request, "older_than", maximum=definitions.MAX_SECONDS)
         if older_than is None:
             raise InvalidArgument("older_than: required")
+        # Checked on a dry run too, which ignores it: a negative limit is a mistake either way.
+        limit = non_negative(request.limit, "limit") or PURGE_DEFAULT
         if request.dry_run:
             return runs_pb2.PurgeTerminalRunsResponse(eligible=await self.engine.purge_count(older_than))
-        limit = non_negative(request.limit, "limit") or PURGE_DEFAULT
         return runs_pb2.PurgeTerminalRunsResponse(deleted=await self.engine.purge(older_than, limit))
 
 

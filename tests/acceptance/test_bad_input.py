@@ -199,6 +199,7 @@ async def test_list_wait_purge_bad_arguments(runs: runs_pb2_grpc.RunsStub) -> No
     await expect(runs.PurgeTerminalRuns(P()), INVALID, "older_than: required")
     await expect(runs.PurgeTerminalRuns(P(older_than=secs(-1))), INVALID, "older_than")
     await expect(runs.PurgeTerminalRuns(P(older_than=secs(1), limit=-1)), INVALID, "limit")
+    await expect(runs.PurgeTerminalRuns(P(older_than=secs(1), limit=-1, dry_run=True)), INVALID, "limit")
     # Within Duration's range, but before any run (and before what Postgres can compute).
     await expect(runs.PurgeTerminalRuns(P(older_than=duration_pb2.Duration(seconds=315_576_000_000))),
                  INVALID, "older_than", "limit")
