@@ -279,9 +279,11 @@ class RunsServicer:
 
     def PurgeTerminalRuns(self, request, context):
         """Deletes, in one bounded statement, terminal runs (completed, failed, cancelled)
-        that finished long enough ago, with their steps and signals. A run's age threshold
-        is its retention when one of its nodes declares one (the largest), else
-        older_than. A terminal child run is kept while its parent run exists and is not
+        that finished more than older_than ago, with their steps and signals. A run whose
+        nodes declare a retention (the largest counts) is also kept until that retention
+        has passed: its threshold is the longer of the two. (The servers' retention sweep
+        differs: there a run's own retention replaces the default age, so a short retention
+        is purged sooner.) A terminal child run is kept while its parent run exists and is not
         completed. Runs that are running or paused are never deleted. Call repeatedly
         until deleted < limit to purge everything eligible.
 
