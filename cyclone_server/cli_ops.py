@@ -380,7 +380,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--payload", type=_json_arg, default=None, help="JSON payload (default null)")
     p = leaf(runs, "purge", cmd_runs_purge, "delete terminal runs that ended long enough ago (asks first)")
     p.add_argument("--older-than", type=age_arg, required=True, metavar="AGE",
-                   help="with a unit: 30d, 12h, 45m, 90s (a bare number is refused); a run's own retention wins")
+                   help="with a unit: 30d, 12h, 45m, 90s (a bare number is refused); a run is also kept "
+                        "until its own retention has passed")
     p.add_argument("--limit", type=int, default=1000, help="runs deleted per call (default 1000)")
     p.add_argument("--all", action="store_true", help="repeat until nothing eligible is left (default: one call)")
     p.add_argument("--dry-run", action="store_true", help="only count the runs that would be deleted")

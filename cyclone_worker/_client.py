@@ -476,6 +476,8 @@ class Client:
     async def purge(self, older_than: Seconds, limit: int = 1000) -> int:
         """Delete up to `limit` terminal runs finished more than `older_than` ago; returns how many.
 
+        A run whose nodes declare a retention is also kept until that retention has passed.
+
         Example::
 
             while await client.purge(timedelta(days=30)) == 1000:
