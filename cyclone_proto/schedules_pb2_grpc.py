@@ -103,7 +103,9 @@ class SchedulesServicer:
         fields, an unknown time zone, an interval of zero, an offset outside [0, every), an
         unknown overlap policy, a workflow that is not registered, a job option or input
         Enqueue would refuse, end_at before start_at; ALREADY_EXISTS when a schedule of this
-        name exists with other settings (UpdateSchedule changes one).
+        name exists with other settings (UpdateSchedule changes one); PERMISSION_DENIED, on
+        a server with bearer tokens, for the overlap policy cancel_previous (it cancels
+        runs) from a token without the admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,7 +178,9 @@ class SchedulesServicer:
         move.
 
         Errors: INVALID_ARGUMENT for an unknown overlap policy; NOT_FOUND for no such
-        schedule.
+        schedule; PERMISSION_DENIED, on a server with bearer tokens, when the trigger's
+        policy (given, or the schedule's own) is cancel_previous and the token lacks the
+        admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -193,7 +193,8 @@ class CycloneServer:
         workflows_pb2_grpc.add_WorkflowsServicer_to_server(WorkflowsServicer(self.engine), cyclone)
         runs_pb2_grpc.add_RunsServicer_to_server(self.runs, cyclone)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), cyclone)
-        schedules_pb2_grpc.add_SchedulesServicer_to_server(SchedulesServicer(self.engine), cyclone)
+        tokens = next((i for i in s.interceptors if isinstance(i, auth.TokenAuthInterceptor)), None)
+        schedules_pb2_grpc.add_SchedulesServicer_to_server(SchedulesServicer(self.engine, tokens=tokens), cyclone)
         self.scheduler = Scheduler(self.engine, self.notifier)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,

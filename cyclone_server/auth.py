@@ -47,7 +47,8 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     **{f"/cyclone.v1.Runs/{m}": ADMIN for m in ("CancelRun", "PauseRun", "ResumeRun", "RetryStep", "RetryAll",
                                                 "PurgeTerminalRuns")},
     **{f"/cyclone.v1.Workflows/{m}": SUBMIT for m in ("RegisterWorkflow", "GetWorkflow", "ListWorkflows")},
-    # A service that starts runs may own its schedules; pausing, resuming and deleting are operator actions.
+    # A service that starts runs may own its schedules; pausing, resuming and deleting are operator actions,
+    # and so is the overlap policy cancel_previous, which cancels runs (SchedulesServicer checks it per call).
     **{f"/cyclone.v1.Schedules/{m}": SUBMIT for m in ("CreateSchedule", "GetSchedule", "ListSchedules",
                                                       "UpdateSchedule", "TriggerSchedule")},
     **{f"/cyclone.v1.Schedules/{m}": ADMIN for m in ("PauseSchedule", "ResumeSchedule", "DeleteSchedule")},

@@ -11,14 +11,16 @@ import grpc
 from cyclone_proto import runs_pb2, schedules_pb2, schedules_pb2_grpc
 
 from . import convert, definitions
+from .auth import TokenAuthInterceptor
 from .engine import Engine
-from .errors import InvalidArgument
+from .errors import InvalidArgument, PermissionDenied
 from .schedule_spec import DEFAULT_CATCHUP_WINDOW, OVERLAP_POLICIES, ScheduleSettings, Spec
 from .servicers import MAX_DEADLINE_IN, non_negative, plain_text, required, rpc
 from .servicers_runs import _job_of
 
 LIST_DEFAULT, LIST_MAX = 100, 1000
 # OverlapPolicy numbers <-> the words of the database (0, unspecified, is the default: skip).
+CANCEL_METHOD = "/cyclone.v1.Runs/CancelRun"  # who may cancel runs may use the overlap policy cancel_previous
 _POLICY_NUMBER = {"skip": 1, "buffer_one": 2, "allow_all": 3, "cancel_previous": 4}
 _POLICY_WORD = {number: word for word, number in _POLICY_NUMBER.items()}
 _OUTCOMES = {"started": schedules_pb2.FIRE_OUTCOME_STARTED, "skipped": schedules_pb2.FIRE_OUTCOME_SKIPPED,
@@ -151,14 +153,26 @@ def _name(value: str) -> str:
 class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
     """cyclone.v1.Schedules."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, tokens: TokenAuthInterceptor | None = None) -> None:
         self.engine = engine
+        self.tokens = tokens  # the server's bearer tokens, when it has any (auth.server_security)
+
+    def _may_cancel(self, context: grpc.aio.ServicerContext, overlap: str | None, field: str) -> None:
+        """The overlap policy cancel_previous cancels runs, as Runs/CancelRun does: only a caller
+        who may call CancelRun (role admin) may set it on a schedule or trigger under it. Every
+        other schedule call is open to role submit (auth.METHOD_ROLES)."""
+        if overlap != "cancel_previous" or self.tokens is None:
+            return
+        if self.tokens.check(CANCEL_METHOD, context.invocation_metadata()) is not None:
+            raise PermissionDenied(f"{field}: the overlap policy cancel_previous cancels runs, which needs the role "
+                                   f"that may call {CANCEL_METHOD} (admin)")
 
     @rpc
     async def CreateSchedule(self, request: schedules_pb2.CreateScheduleRequest,
                              context: grpc.aio.ServicerContext) -> schedules_pb2.CreateScheduleResponse:
         name = _name(request.name)
         settings = settings_of(request.settings)
+        self._may_cancel(context, settings.overlap, "settings.overlap")
         # The settings as sent identify the request for "same name, same settings".
         row, created = await self.engine.create_schedule(
             name, settings, paused=request.paused,
@@ -188,9 +202,10 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
     async def UpdateSchedule(self, request: schedules_pb2.UpdateScheduleRequest,
                              context: grpc.aio.ServicerContext) -> schedules_pb2.Schedule:
         name = _name(request.name)
+        settings = settings_of(request.settings)
+        self._may_cancel(context, settings.overlap, "settings.overlap")
         row = await self.engine.update_schedule(
-            name, settings_of(request.settings),
-            fingerprint=request.settings.SerializeToString(deterministic=True).hex())
+            name, settings, fingerprint=request.settings.SerializeToString(deterministic=True).hex())
         return schedule_to_proto(row)
 
     @rpc
@@ -219,7 +234,11 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
     async def TriggerSchedule(self, request: schedules_pb2.TriggerScheduleRequest,
                               context: grpc.aio.ServicerContext) -> schedules_pb2.TriggerScheduleResponse:
         name = _name(request.name)
-        row = await self.engine.trigger_schedule(name, policy_of(request.overlap, "overlap"))
+        overlap = policy_of(request.overlap, "overlap")
+        if self.tokens is not None:  # the schedule's own policy applies when the trigger names none
+            self._may_cancel(context, overlap or (await self.engine.get_schedule(name, recent_runs=0))["overlap"],
+                             "overlap" if overlap else "the schedule's overlap policy")
+        row = await self.engine.trigger_schedule(name, overlap)
         resp = schedules_pb2.TriggerScheduleResponse(outcome=_OUTCOMES[row["outcome"]],
                                                      run_id=str(row["run_id"]) if row["run_id"] else "")
         convert._set_time(resp, "fire_at", row["fire_at"])

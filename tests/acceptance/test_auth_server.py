@@ -276,3 +276,61 @@ async def test_all_interfaces_with_insecure_flag_or_env_tokens(start_server: Cal
         assert await code_of(client.stats()) == "UNAUTHENTICATED"
     async with Client(loopback(guarded.address), token=TOKENS["admin"]) as client:
         assert await client.stats() == []
+
+
+async def test_the_overlap_policy_cancel_previous_needs_the_admin_role(token_server: Any) -> None:
+    """A schedule's cancel_previous cancels runs, as CancelRun does: a submit token may neither set
+    it (CreateSchedule, UpdateSchedule) nor trigger under it; every refusal changes nothing."""
+    from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2
+
+    P = schedules_pb2
+    as_admin = (("authorization", f"Bearer {TOKENS['admin']}"),)
+    as_submit = (("authorization", f"Bearer {TOKENS['submit']}"),)
+
+    def settings(overlap: int) -> schedules_pb2.ScheduleSettings:
+        return P.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="nightly"), cron=P.CronSpec(expression="0 3 * * *"),
+                                  overlap=overlap)
+
+    async def denied(call: Awaitable[Any]) -> str:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, e.value
+        return e.value.details()
+
+    async with grpc.aio.insecure_channel(token_server.address) as ch:
+        sched, runs = schedules_pb2_grpc.SchedulesStub(ch), runs_pb2_grpc.RunsStub(ch)
+        await sched.CreateSchedule(P.CreateScheduleRequest(name="nightly", settings=settings(P.OVERLAP_POLICY_SKIP)),
+                                   metadata=as_submit)
+        first = await sched.TriggerSchedule(P.TriggerScheduleRequest(name="nightly"), metadata=as_submit)
+        assert first.outcome == P.FIRE_OUTCOME_STARTED  # no worker: the run stays active
+
+        async def state(run_id: str) -> int:
+            return (await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id), metadata=as_admin)).state
+
+        # A submit token may not set cancel_previous, nor trigger with it.
+        assert "cancel_previous" in await denied(sched.CreateSchedule(P.CreateScheduleRequest(
+            name="other", settings=settings(P.OVERLAP_POLICY_CANCEL_PREVIOUS)), metadata=as_submit))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await sched.GetSchedule(P.GetScheduleRequest(name="other"), metadata=as_admin)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        await denied(sched.UpdateSchedule(P.UpdateScheduleRequest(
+            name="nightly", settings=settings(P.OVERLAP_POLICY_CANCEL_PREVIOUS)), metadata=as_submit))
+        await denied(sched.TriggerSchedule(P.TriggerScheduleRequest(
+            name="nightly", overlap=P.OVERLAP_POLICY_CANCEL_PREVIOUS), metadata=as_submit))
+        got = await sched.GetSchedule(P.GetScheduleRequest(name="nightly"), metadata=as_admin)
+        assert (got.settings.overlap, got.fires) == (P.OVERLAP_POLICY_SKIP, 1)
+        assert await state(first.run_id) == types_pb2.RUN_STATE_RUNNING
+
+        # Set by an admin, the schedule's own cancel_previous still needs one to trigger under it...
+        await sched.UpdateSchedule(P.UpdateScheduleRequest(
+            name="nightly", settings=settings(P.OVERLAP_POLICY_CANCEL_PREVIOUS)), metadata=as_admin)
+        await denied(sched.TriggerSchedule(P.TriggerScheduleRequest(name="nightly"), metadata=as_submit))
+        assert await state(first.run_id) == types_pb2.RUN_STATE_RUNNING
+        # ...while a trigger that names a policy that cancels nothing stays open to submit.
+        skipped = await sched.TriggerSchedule(P.TriggerScheduleRequest(
+            name="nightly", overlap=P.OVERLAP_POLICY_SKIP), metadata=as_submit)
+        assert skipped.outcome == P.FIRE_OUTCOME_SKIPPED
+        # The admin's trigger cancels the active run and starts the next.
+        second = await sched.TriggerSchedule(P.TriggerScheduleRequest(name="nightly"), metadata=as_admin)
+        assert second.outcome == P.FIRE_OUTCOME_STARTED and second.run_id != first.run_id
+        assert await state(first.run_id) == types_pb2.RUN_STATE_CANCELLED
