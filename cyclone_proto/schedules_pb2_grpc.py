@@ -96,7 +96,8 @@ class SchedulesServicer:
     def CreateSchedule(self, request, context):
         """Makes a schedule. Its first fire time is the first one after now (and not before
         start_at). The same name with the same settings again returns the existing
-        schedule with created = false.
+        schedule with created = false; settings compare as stored, so a default left out
+        and the same default given (as GetSchedule returns the settings) are the same.
 
         Errors: INVALID_ARGUMENT naming the field: a name that is not [A-Za-z0-9_.-]{1,128},
         no target or no spec, a cron expression that does not parse or has not 5 or 6

@@ -223,6 +223,15 @@ def request_hash(*fields: Any) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
+_STORED_SETTINGS = ("target", "spec", "start_at", "end_at", "jitter", "note", "overlap", "catchup_window")
+
+
+def _stored_settings(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule's settings as stored (defaults filled in, the job's node normalized), from its
+    row or from the parameters that write one; compared with ==, so that 25 and 25.0 agree."""
+    return {k: (row[k].obj if isinstance(row[k], Jsonb) else row[k]) for k in _STORED_SETTINGS}
+
+
 def _translate(e: psycopg.Error) -> CycloneError | None:
     """The CycloneError for an error a SQL function raised on purpose (SQLSTATE CY...), else None."""
     cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
@@ -815,14 +824,15 @@ class Engine:
     async def create_schedule(self, name: str, settings: ScheduleSettings, *, paused: bool = False,
                               fingerprint: Any = None) -> tuple[dict[str, Any], bool]:
         """Store a schedule; returns (schedule, created). The same name with the same
-        settings (`fingerprint`, default the settings) is a no-op; other settings are
-        ALREADY_EXISTS (UpdateSchedule changes a schedule)."""
+        settings is a no-op: the same request (`fingerprint`, default the settings), or
+        settings that are stored the same (a default given or left out, as GetSchedule
+        returns them). Other settings are ALREADY_EXISTS (UpdateSchedule changes a schedule)."""
         definitions.validate_name(name, "name")
         params = await self._schedule_params(name, settings, fingerprint)
         row = await self._one("schedule_insert", **params, paused=paused)
         if row is None:
             row = await self.get_schedule(name, recent_runs=0)
-            if row["settings_hash"] != params["settings_hash"]:
+            if row["settings_hash"] != params["settings_hash"] and _stored_settings(row) != _stored_settings(params):
                 raise AlreadyExists(f'name: schedule "{name}" already exists with other settings '
                                     "(UpdateSchedule changes it)")
             return row, False

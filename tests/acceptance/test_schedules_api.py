@@ -19,7 +19,8 @@ import psycopg
 import pytest
 from google.protobuf import duration_pb2, json_format
 
-from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2, workflows_pb2
+from cyclone_proto import (runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2, workflows_pb2,
+                          workflows_pb2_grpc)
 
 from waits_helpers import until
 
@@ -270,3 +271,36 @@ def test_every_documented_cli_line_runs(server) -> None:
     bad = subprocess.run([sys.executable, "-c", entry, "schedules", "create", "x", "--job", "k", "--cron", "0 3 * *"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 1 and "INVALID_ARGUMENT: settings.cron.expression" in bad.stderr
+
+
+async def test_creating_again_with_the_settings_as_stored_is_no_change(start_server, db_url: str) -> None:
+    """The same settings again are created = false however they are written: with the defaults
+    left out, given explicitly, or as GetSchedule returns them (the settings as stored)."""
+    srv = start_server(db_url)
+    P = schedules_pb2
+    async with grpc.aio.insecure_channel(srv.address) as ch:
+        sched = schedules_pb2_grpc.SchedulesStub(ch)
+        for name, settings in [
+                ("job", P.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="x"),
+                                           cron=P.CronSpec(expression="0 3 * * *"))),
+                ("wf", P.ScheduleSettings(run=runs_pb2.SubmitRunRequest(workflow="w"),
+                                          interval=P.IntervalSpec(every=duration_pb2.Duration(seconds=90))))]:
+            if name == "wf":
+                await workflows_pb2_grpc.WorkflowsStub(ch).RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(
+                    name="w", nodes=[types_pb2.Node(id="a")]))
+            made = await sched.CreateSchedule(P.CreateScheduleRequest(name=name, settings=settings, paused=True))
+            assert made.created
+            stored = (await sched.GetSchedule(P.GetScheduleRequest(name=name))).settings
+            assert stored != settings  # the defaults are filled in
+            again = await sched.CreateSchedule(P.CreateScheduleRequest(name=name, settings=stored))
+            assert not again.created and again.schedule.settings == stored
+        explicit = P.ScheduleSettings(
+            job=runs_pb2.EnqueueRequest(kind="x", max_attempts=25), overlap=P.OVERLAP_POLICY_SKIP,
+            cron=P.CronSpec(expression="0 3 * * *", time_zone="UTC"), catchup_window=duration_pb2.Duration(seconds=60))
+        assert not (await sched.CreateSchedule(P.CreateScheduleRequest(name="job", settings=explicit))).created
+        # Settings that differ still do.
+        other = P.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="x", max_attempts=3),
+                                   cron=P.CronSpec(expression="0 3 * * *"))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await sched.CreateSchedule(P.CreateScheduleRequest(name="job", settings=other))
+        assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
