@@ -4,6 +4,7 @@ the engine, schedule_spec and 70_schedules.sql."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import grpc
@@ -188,13 +189,13 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
     async def ListSchedules(self, request: schedules_pb2.ListSchedulesRequest,
                             context: grpc.aio.ServicerContext) -> schedules_pb2.ListSchedulesResponse:
         limit = min(non_negative(request.limit, "limit") or LIST_DEFAULT, LIST_MAX)
-        after = _decode_token(request.page_token) if request.page_token else None
         prefix = plain_text(request.name_prefix, "name_prefix")
+        after = _decode_token(request.page_token, prefix) if request.page_token else None
         rows = await self.engine.list_schedules(prefix, limit=limit + 1, after=after)
         token = ""
         if len(rows) > limit:
             rows = rows[:limit]
-            token = base64.urlsafe_b64encode(rows[-1]["name"].encode()).decode().rstrip("=")
+            token = _encode_token(rows[-1]["name"], prefix)
         return schedules_pb2.ListSchedulesResponse(schedules=[schedule_to_proto(r) for r in rows],
                                                    next_page_token=token)
 
@@ -245,8 +246,24 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
         return resp
 
 
-def _decode_token(token: str) -> str:
+_TOKEN_KIND = "schedules"  # in every ListSchedules token, so that another call's token is told apart
+
+
+def _encode_token(after: str, prefix: str) -> str:
+    raw = json.dumps({"k": _TOKEN_KIND, "a": after, "p": prefix}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_token(token: str, prefix: str) -> str:
+    """The name a page ends with; INVALID_ARGUMENT for a token ListSchedules did not issue, or
+    issued for another name_prefix."""
     try:
-        return base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidArgument("page_token: not a token issued by ListSchedules") from None
+        raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        kind, after, issued_for = raw["k"], raw["a"], raw["p"]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        kind = after = issued_for = None
+    if kind != _TOKEN_KIND or not isinstance(after, str):
+        raise InvalidArgument("page_token: not a token issued by ListSchedules")
+    if issued_for != prefix:
+        raise InvalidArgument("page_token: issued for another name_prefix")
+    return after

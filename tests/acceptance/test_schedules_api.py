@@ -304,3 +304,35 @@ async def test_creating_again_with_the_settings_as_stored_is_no_change(start_ser
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await sched.CreateSchedule(P.CreateScheduleRequest(name="job", settings=other))
         assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_list_schedules_pages_and_refuses_tokens_it_did_not_issue(start_server, db_url: str) -> None:
+    srv = start_server(db_url)
+    P = schedules_pb2
+    async with grpc.aio.insecure_channel(srv.address) as ch:
+        sched, runs = schedules_pb2_grpc.SchedulesStub(ch), runs_pb2_grpc.RunsStub(ch)
+        names = [f"page.{i}" for i in range(5)]
+        for name in [*names, "other"]:
+            await sched.CreateSchedule(P.CreateScheduleRequest(name=name, settings=job_settings(3600), paused=True))
+        seen, token, tokens = [], "", []
+        while True:
+            page = await sched.ListSchedules(P.ListSchedulesRequest(name_prefix="page.", limit=2, page_token=token))
+            seen += [s.name for s in page.schedules]
+            if not page.next_page_token:
+                break
+            token = page.next_page_token
+            tokens.append(token)
+        assert seen == names and len(tokens) == 2
+        await runs.Enqueue(runs_pb2.EnqueueRequest(kind="x"))
+        await runs.Enqueue(runs_pb2.EnqueueRequest(kind="x"))
+        runs_token = (await runs.ListRuns(runs_pb2.ListRunsRequest(limit=1))).next_page_token
+        assert runs_token
+        for bad, says in [("YWJj", "not a token issued by ListSchedules"),  # base64 of "abc"
+                          ("garbage!", "not a token issued by ListSchedules"),
+                          (runs_token, "not a token issued by ListSchedules"),
+                          (tokens[0], "issued for another name_prefix")]:
+            prefix = "pa" if bad == tokens[0] else "page."
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await sched.ListSchedules(P.ListSchedulesRequest(name_prefix=prefix, page_token=bad))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+            assert e.value.details() == f"page_token: {says}"
