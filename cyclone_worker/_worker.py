@@ -33,7 +33,7 @@ log = logging.getLogger("cyclone_worker")
 Handler = Callable[[Context], Any]
 
 try:
-    _SDK = f"python/{version('cyclone')}"
+    _SDK = f"python/{version('cyclone-workflows')}"  # this SDK's distribution (pyproject's name)
 except PackageNotFoundError:  # running from a source tree
     _SDK = "python/dev"
 

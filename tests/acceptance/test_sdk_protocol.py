@@ -9,6 +9,7 @@ Hello, stop the handlers of Welcome.lost, give up on INVALID_ARGUMENT.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -123,7 +124,7 @@ async def test_held_leases_are_resent_in_hello_and_lost_ones_stop_their_handlers
         await asyncio.wait_for(stopped.wait(), DEADLINE)
     first, second = servicer.hellos[:2]
     assert (first.worker_id, list(first.kinds), first.slots, list(first.held)) == (worker.worker_id, ["slow"], 2, [])
-    assert first.sdk.startswith("python/")
+    assert first.sdk == f"python/{importlib.metadata.version('cyclone-workflows')}"  # the installed SDK's version
     assert second.worker_id == worker.worker_id and list(second.held) == [ref]
     assert worker.counts["stopped_lost"] == 1
 
