@@ -1,7 +1,7 @@
 """The `cyclone` commands that start work: `workflows register`, `runs submit`, `jobs enqueue`.
 
 A definition file is RegisterWorkflowRequest in the proto JSON mapping, as JSON or YAML
-(node `type` and `on_dep_failure` may also be written short: `signal`, `continue`). An
+(node `type` and `on_dep_failure` may also be written short: `signal`, `cancel_branch`). An
 input is JSON, inline or `@file` (`@-`: stdin), sent through cyclone_worker.values.
 
     cyclone workflows register etl.yaml
