@@ -677,10 +677,14 @@ class Console:
                     return {"ok": True, "applied": True, "run_id": "",
                             "text": f"{label}: buffered. A run of this schedule is still active: the fire time "
                                     "starts when it ends (overlap policy buffer_one)."}
+                if outcome != "skipped":
+                    return {"ok": True, "applied": False, "run_id": "", "text": f"{label}: {outcome}."}
+                # Skipped under skip, or under buffer_one with a fire time buffered already.
+                policy = (await self.engine.get_schedule(name, recent_runs=0))["overlap"]
+                why = (" and a fire time is buffered already" if policy == "buffer_one" else "")
                 return {"ok": True, "applied": False, "run_id": "",
-                        "text": f"{label}: {outcome}. A run of this schedule is still active, so the server "
-                                "started none (overlap policy skip)." if outcome == "skipped"
-                        else f"{label}: {outcome}."}
+                        "text": f"{label}: skipped. A run of this schedule is still active{why}, so the server "
+                                f"started none (overlap policy {policy})."}
             applied = await (self.engine.pause_schedule(name) if action == "pause"
                              else self.engine.resume_schedule(name))
         except CycloneError as e:

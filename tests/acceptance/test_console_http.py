@@ -502,6 +502,8 @@ async def test_schedules_page_lists_schedules_with_target_spec_policy_and_counte
     assert re.findall(r"<td>(\d+)</td>", cells) == ["0", "0", "0"]  # fires, misses, skips
     tick = re.search(r'<tr data-schedule="tick" data-paused="true">(.*?)</tr>', html, re.S)
     assert tick and "emails.digest" in tick.group(1) and "paused" in tick.group(1)
+    # A paused schedule has no next fire time (Schedule.next_fire_at is unset while paused).
+    assert "not while paused" in tick.group(1) and not re.search(r"<td>\d{4}-", tick.group(1))
     status, html = await get(http, console + "/schedules?name=nig")
     assert re.findall(r'<tr data-schedule="([^"]+)"', html) == ["nightly-etl"]
 
@@ -567,7 +569,21 @@ async def test_trigger_under_skip_says_no_run_started(console: str, http: aiohtt
     status, html = await post(http, f"{console}/schedules/once-at-a-time/actions/trigger",
                               {"csrf": csrf_of(html), "confirm": "yes"})
     assert status == 200 and "Trigger now: skipped. A run of this schedule is still active" in html
+    assert "(overlap policy skip)" in html
     assert len((await engine.get_schedule("once-at-a-time"))["recent_runs"]) == 1
+
+
+async def test_trigger_under_buffer_one_says_buffered_then_skipped_naming_its_policy(
+        console: str, http: aiohttp.ClientSession, engine: Engine) -> None:
+    await engine.create_schedule("one-behind", yearly(kind="slow", overlap="buffer_one"))
+    await engine.trigger_schedule("one-behind")  # started, and stays active: no worker
+    status, html = await get(http, console + "/schedules/one-behind")
+    url, form = f"{console}/schedules/one-behind/actions/trigger", {"csrf": csrf_of(html), "confirm": "yes"}
+    status, html = await post(http, url, form)
+    assert status == 200 and "Trigger now: buffered." in html and "(overlap policy buffer_one)" in html
+    status, html = await post(http, url, form)  # one fire time is buffered already: this one is skipped
+    assert status == 200 and "Trigger now: skipped." in html and "a fire time is buffered already" in html
+    assert "(overlap policy buffer_one)" in html and "overlap policy skip" not in html
 
 
 async def test_schedule_posts_without_csrf_are_refused_and_unknown_schedules_are_404(
