@@ -20,6 +20,7 @@ from cyclone_proto import runs_pb2, schedules_pb2, types_pb2
 from cyclone_worker.values import to_value
 
 from .cli_ops import Client, _json_arg, _pb_duration, _runner, duration
+from .cli_start import BadInput
 from .cli_show import as_json, console, ts
 
 POLICIES = ["skip", "buffer_one", "allow_all", "cancel_previous"]
@@ -48,6 +49,11 @@ def _spec(s: schedules_pb2.ScheduleSettings) -> str:
     return f"every {every:g}s" + (f" +{offset:g}s" if offset else "")
 
 
+def _utc(msg: Message, field: str) -> str:
+    """A time in UTC, or - when unset."""
+    return f"{ts(msg, field)} UTC" if msg.HasField(field) else "-"
+
+
 def _target(s: schedules_pb2.ScheduleSettings) -> str:
     return f"workflow {s.run.workflow}" if s.HasField("run") else f"job {s.job.kind}"
 
@@ -66,8 +72,8 @@ def _show_one(a: argparse.Namespace, s: schedules_pb2.Schedule, note: str = "") 
         out.print(f"schedule  {s.name}  {state}{note}")
         out.print(f"target    {_target(s.settings)}")
         out.print(f"spec      {_spec(s.settings)}   overlap {_policy(s.settings.overlap)}")
-        out.print(f"next      {ts(s, 'next_fire_at')} UTC   last {ts(s, 'last_fire_at')} UTC"
-                  + (f"   buffered {ts(s, 'buffered_fire_at')} UTC" if s.HasField("buffered_fire_at") else ""))
+        out.print(f"next      {_utc(s, 'next_fire_at')}   last {_utc(s, 'last_fire_at')}"
+                  + (f"   buffered {_utc(s, 'buffered_fire_at')}" if s.HasField("buffered_fire_at") else ""))
         out.print(f"counts    fires {s.fires}   misses {s.misses}   skips {s.skips}")
         if s.settings.note:
             out.print(f"note      {s.settings.note}")
@@ -81,13 +87,21 @@ def _show_one(a: argparse.Namespace, s: schedules_pb2.Schedule, note: str = "") 
     return _print(a, s, render)
 
 
+# Options that belong to one target or one spec: given with the other, they are refused, not dropped.
+_ONLY_WITH = {"max_attempts": ("--max-attempts", "job"), "version": ("--version", "workflow"),
+              "time_zone": ("--time-zone", "cron"), "offset": ("--offset", "every")}
+
+
 def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
+    for name, (flag, needs) in _ONLY_WITH.items():
+        if getattr(a, name) is not None and not getattr(a, needs):
+            raise BadInput(f"{flag} applies only with --{needs.replace('_', '-')}")
     s = schedules_pb2.ScheduleSettings(note=a.note or "")
     if a.overlap:
         s.overlap = schedules_pb2.OverlapPolicy.Value("OVERLAP_POLICY_" + a.overlap.upper())
     input_ = to_value(a.input, "input") if a.input is not None else None
     if a.workflow:
-        s.run.CopyFrom(runs_pb2.SubmitRunRequest(workflow=a.workflow, version=a.version, priority=a.priority))
+        s.run.CopyFrom(runs_pb2.SubmitRunRequest(workflow=a.workflow, version=a.version or 0, priority=a.priority))
         target: Any = s.run
     else:
         s.job.CopyFrom(runs_pb2.EnqueueRequest(kind=a.job, priority=a.priority))
@@ -99,9 +113,10 @@ def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
     if a.deadline_in:
         target.deadline_in.CopyFrom(_pb_duration(a.deadline_in))
     if a.cron:
-        s.cron.CopyFrom(schedules_pb2.CronSpec(expression=a.cron, time_zone=a.time_zone))
+        s.cron.CopyFrom(schedules_pb2.CronSpec(expression=a.cron, time_zone=a.time_zone or "UTC"))
     else:
-        s.interval.CopyFrom(schedules_pb2.IntervalSpec(every=_pb_duration(a.every), offset=_pb_duration(a.offset)))
+        s.interval.CopyFrom(schedules_pb2.IntervalSpec(every=_pb_duration(a.every),
+                                                       offset=_pb_duration(a.offset or 0.0)))
     for name in ("start_at", "end_at"):
         when = getattr(a, name)
         if when is not None:
@@ -141,7 +156,7 @@ async def cmd_get(c: Client, a: argparse.Namespace) -> int:
 async def cmd_create(c: Client, a: argparse.Namespace) -> int:
     resp = await c.schedules.CreateSchedule(schedules_pb2.CreateScheduleRequest(
         name=a.name, settings=settings_of(a), paused=a.paused), timeout=c.timeout)
-    return _show_one(a, resp.schedule, "" if resp.created else " (no change: it already was)")
+    return _show_one(a, resp.schedule, "" if resp.created else " (no change: it existed with these settings)")
 
 
 async def cmd_update(c: Client, a: argparse.Namespace) -> int:
@@ -192,10 +207,10 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
     spec = p.add_mutually_exclusive_group(required=True)
     spec.add_argument("--cron", help="5 fields, or 6 with seconds first, e.g. '0 3 * * MON-FRI'")
     spec.add_argument("--every", type=duration, help="a fixed interval, e.g. 30s, 15m")
-    p.add_argument("--time-zone", default="UTC", help="IANA time zone of --cron (default UTC)")
-    p.add_argument("--offset", type=duration, default=0.0, help="shift of --every from the epoch grid")
+    p.add_argument("--time-zone", help="IANA time zone of --cron (default UTC)")
+    p.add_argument("--offset", type=duration, help="shift of --every from the epoch grid")
     p.add_argument("--input", type=_json_arg, help="run input as JSON (default null)")
-    p.add_argument("--version", type=int, default=0, help="workflow version (default: the latest)")
+    p.add_argument("--version", type=int, help="workflow version of --workflow (default: the latest)")
     p.add_argument("--priority", type=int, default=0, help="each run's priority (lower is claimed first)")
     p.add_argument("--max-attempts", type=int, help="job option (--job)")
     p.add_argument("--deadline-in", type=duration, help="each run's deadline after its start")

@@ -271,6 +271,19 @@ def test_every_documented_cli_line_runs(server) -> None:
     bad = subprocess.run([sys.executable, "-c", entry, "schedules", "create", "x", "--job", "k", "--cron", "0 3 * *"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 1 and "INVALID_ARGUMENT: settings.cron.expression" in bad.stderr
+    # An option of the other target or spec is refused (exit 2), not dropped.
+    for args, says in [(["--job", "k", "--cron", "0 3 * * *", "--offset", "5m"], "--offset applies only with --every"),
+                       (["--workflow", "w", "--every", "1h", "--max-attempts", "3"],
+                        "--max-attempts applies only with --job"),
+                       (["--job", "k", "--every", "1h", "--time-zone", "Asia/Tokyo"],
+                        "--time-zone applies only with --cron"),
+                       (["--job", "k", "--every", "1h", "--version", "2"], "--version applies only with --workflow")]:
+        proc = subprocess.run([sys.executable, "-c", entry, "schedules", "create", "y", *args], capture_output=True,
+                              text=True, timeout=120, env=env)
+        assert (proc.returncode, proc.stderr.strip()) == (2, f"cyclone: {says}"), args
+    shown = subprocess.run([sys.executable, "-c", entry, "schedules", "create", "z", "--job", "k", "--every", "1h",
+                            "--paused"], capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0 and "next      -   last -" in shown.stdout  # paused, never fired: no times
 
 
 async def test_creating_again_with_the_settings_as_stored_is_no_change(start_server, db_url: str) -> None:
