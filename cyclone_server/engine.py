@@ -226,10 +226,28 @@ def request_hash(*fields: Any) -> str:
 _STORED_SETTINGS = ("target", "spec", "start_at", "end_at", "jitter", "note", "overlap", "catchup_window")
 
 
-def _stored_settings(row: Mapping[str, Any]) -> dict[str, Any]:
+def _stored_settings(row: Mapping[str, Any]) -> str:
     """A schedule's settings as stored (defaults filled in, the job's node normalized), from its
-    row or from the parameters that write one; compared with ==, so that 25 and 25.0 agree."""
-    return {k: (row[k].obj if isinstance(row[k], Jsonb) else row[k]) for k in _STORED_SETTINGS}
+    row or from the parameters that write one, as canonical JSON: numbers as floats (25 and
+    25.0 agree, as they do once stored; true stays apart from 1), times as UTC instants."""
+    return json.dumps({k: _canonical(row[k].obj if isinstance(row[k], Jsonb) else row[k]) for k in _STORED_SETTINGS},
+                      sort_keys=True)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
 
 
 def _translate(e: psycopg.Error) -> CycloneError | None:

@@ -313,3 +313,16 @@ async def test_a_fire_time_that_already_has_its_run_is_not_started_again(engine:
     assert await runs_of(conn, "s") == [(fired["fire_at"], "running")]
     assert sched.failed_passes == 0
     assert (await engine.get_schedule("s"))["next_fire_at"] > fired["fire_at"]
+
+
+async def test_create_again_compares_settings_as_stored_keeping_true_apart_from_1(engine: Engine) -> None:
+    row, created = await engine.create_schedule("flags", ScheduleSettings(HOUR, kind="tick", input={"flag": 1}))
+    assert created
+    # 1 and 1.0 are the same JSON number once stored; an explicit default is the default.
+    again, created = await engine.create_schedule(
+        "flags", ScheduleSettings(HOUR, kind="tick", input={"flag": 1.0}, options={"max_attempts": 25},
+                                  overlap="skip", catchup_window=60.0))
+    assert not created and again["next_fire_at"] == row["next_fire_at"]
+    for other in ({"flag": True}, {"flag": "1"}, {"flag": [1]}, None):
+        with pytest.raises(AlreadyExists, match="already exists with other settings"):
+            await engine.create_schedule("flags", ScheduleSettings(HOUR, kind="tick", input=other))
