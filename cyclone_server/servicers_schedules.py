@@ -164,9 +164,13 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
         other schedule call is open to role submit (auth.METHOD_ROLES)."""
         if overlap != "cancel_previous" or self.tokens is None:
             return
-        if self.tokens.check(CANCEL_METHOD, context.invocation_metadata()) is not None:
+        if not self._admin(context):
             raise PermissionDenied(f"{field}: the overlap policy cancel_previous cancels runs, which needs the role "
                                    f"that may call {CANCEL_METHOD} (admin)")
+
+    def _admin(self, context: grpc.aio.ServicerContext) -> bool:
+        """Whether the caller's token may call Runs/CancelRun (always, on a server without tokens)."""
+        return self.tokens is None or self.tokens.check(CANCEL_METHOD, context.invocation_metadata()) is None
 
     @rpc
     async def CreateSchedule(self, request: schedules_pb2.CreateScheduleRequest,
@@ -236,9 +240,13 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
                               context: grpc.aio.ServicerContext) -> schedules_pb2.TriggerScheduleResponse:
         name = _name(request.name)
         overlap = policy_of(request.overlap, "overlap")
-        if self.tokens is not None:  # the schedule's own policy applies when the trigger names none
-            self._may_cancel(context, overlap or (await self.engine.get_schedule(name, recent_runs=0))["overlap"],
-                             "overlap" if overlap else "the schedule's overlap policy")
+        if overlap is None and self.tokens is not None and not self._admin(context):
+            # The schedule's own policy applies: checked, and passed on as checked, so that a
+            # change of the schedule meanwhile cannot slip cancel_previous past the check.
+            overlap = (await self.engine.get_schedule(name, recent_runs=0))["overlap"]
+            self._may_cancel(context, overlap, "the schedule's overlap policy")
+        else:
+            self._may_cancel(context, overlap, "overlap")
         row = await self.engine.trigger_schedule(name, overlap)
         resp = schedules_pb2.TriggerScheduleResponse(outcome=_OUTCOMES[row["outcome"]],
                                                      run_id=str(row["run_id"]) if row["run_id"] else "")
@@ -247,10 +255,11 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
 
 
 _TOKEN_KIND = "schedules"  # in every ListSchedules token, so that another call's token is told apart
+MAX_TOKEN = 4096  # characters: more than a name (128) and a prefix (256 characters) in UTF-8 JSON, in base64
 
 
 def _encode_token(after: str, prefix: str) -> str:
-    raw = json.dumps({"k": _TOKEN_KIND, "a": after, "p": prefix}, separators=(",", ":"))
+    raw = json.dumps({"k": _TOKEN_KIND, "a": after, "p": prefix}, separators=(",", ":"), ensure_ascii=False)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -258,9 +267,11 @@ def _decode_token(token: str, prefix: str) -> str:
     """The name a page ends with; INVALID_ARGUMENT for a token ListSchedules did not issue, or
     issued for another name_prefix."""
     try:
+        if len(token) > MAX_TOKEN:  # longer than any this server issues (and too deep to parse, maybe)
+            raise ValueError(token)
         raw = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         kind, after, issued_for = raw["k"], raw["a"], raw["p"]
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, RecursionError):
         kind = after = issued_for = None
     if kind != _TOKEN_KIND or not isinstance(after, str):
         raise InvalidArgument("page_token: not a token issued by ListSchedules")

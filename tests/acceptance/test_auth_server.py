@@ -299,8 +299,9 @@ async def test_the_overlap_policy_cancel_previous_needs_the_admin_role(token_ser
 
     async with grpc.aio.insecure_channel(token_server.address) as ch:
         sched, runs = schedules_pb2_grpc.SchedulesStub(ch), runs_pb2_grpc.RunsStub(ch)
-        await sched.CreateSchedule(P.CreateScheduleRequest(name="nightly", settings=settings(P.OVERLAP_POLICY_SKIP)),
-                                   metadata=as_submit)
+        # Paused: no fire time of its own during the test (a trigger still starts a run).
+        await sched.CreateSchedule(P.CreateScheduleRequest(name="nightly", settings=settings(P.OVERLAP_POLICY_SKIP),
+                                                           paused=True), metadata=as_submit)
         first = await sched.TriggerSchedule(P.TriggerScheduleRequest(name="nightly"), metadata=as_submit)
         assert first.outcome == P.FIRE_OUTCOME_STARTED  # no worker: the run stays active
 

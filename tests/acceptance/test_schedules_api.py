@@ -4,6 +4,7 @@ one database, and a server killed in the middle of a fire."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shlex
@@ -342,6 +343,7 @@ async def test_list_schedules_pages_and_refuses_tokens_it_did_not_issue(start_se
         assert runs_token
         for bad, says in [("YWJj", "not a token issued by ListSchedules"),  # base64 of "abc"
                           ("garbage!", "not a token issued by ListSchedules"),
+                          (base64.urlsafe_b64encode(b"[" * 3000).decode(), "not a token issued by ListSchedules"),
                           (runs_token, "not a token issued by ListSchedules"),
                           (tokens[0], "issued for another name_prefix")]:
             prefix = "pa" if bad == tokens[0] else "page."
