@@ -94,7 +94,7 @@ _ONLY_WITH = {"max_attempts": ("--max-attempts", "job"), "version": ("--version"
 
 def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
     for name, (flag, needs) in _ONLY_WITH.items():
-        if getattr(a, name) is not None and not getattr(a, needs):
+        if getattr(a, name) is not None and getattr(a, needs) is None:
             raise BadInput(f"{flag} applies only with --{needs.replace('_', '-')}")
     s = schedules_pb2.ScheduleSettings(note=a.note or "")
     if a.overlap:
