@@ -252,7 +252,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         refused: list[pb.ResultAck] = []
         handed_back = False
         for r in results:
-            result = to_result(r)
+            result = to_result(r, self.engine.max_payload_bytes)
             if isinstance(result, str):  # the step id is not an id: no step to answer
                 status, _, detail = result.partition(": ")
                 conn.forget((r.step_id, r.lease_generation))

@@ -143,6 +143,21 @@ async def test_an_output_measured_over_the_limit_is_sent_as_its_size(channel, wo
     assert f"output is {5 * MIB} bytes" in step["errors"][-1]["message"]
 
 
+async def test_a_size_not_over_the_limit_is_invalid_not_a_completion_without_output(channel, workers,
+                                                                                    engine) -> None:
+    (job,) = await enqueue(channel, "resize")
+    w = workers(["resize"], 1)
+    welcome = await w.connect()
+    (lease,) = await w.leases(1)
+    await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,
+                               completed=pb.Completed(oversized_output_bytes=welcome.max_payload_bytes)))
+    (a,) = await w.acks(1)
+    assert a.status == pb.ACK_STATUS_INVALID
+    assert a.detail.startswith("completed.oversized_output_bytes: ") and "is not over the limit" in a.detail
+    step = await step_row(engine, job.run_id)  # the attempt failed, and will be tried again
+    assert (step["state"], step["attempt"], step["output"]) == ("available", 2, None)
+
+
 async def test_the_sdk_sends_the_size_of_an_oversized_output_not_the_output(patient_channel, engine) -> None:
     (job,) = await enqueue(patient_channel, "huge")
     worker = Worker(patient_channel.address, slots=1)
