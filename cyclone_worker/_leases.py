@@ -22,7 +22,7 @@ from ._logging import current_step
 from ._models import enum_name
 from ._tracing import traced
 from cyclone_proto import workers_pb2
-from .values import to_duration, to_value
+from .values import from_value, to_duration, to_value
 
 __all__ = ["Held", "LeaseTable"]
 
@@ -46,17 +46,23 @@ def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
     # The size that counts is compact JSON's; the protobuf size bounds it cheaply from below
     # by far (an escaped character costs at most 6 bytes in JSON), so most outputs skip it.
     if value.ByteSize() * 8 > max_payload_bytes:
-        size = len(json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        # Measured as the server measures what it receives: the value as it crosses the wire
+        # (an integral float such as 1.0 is the JSON number 1, not 1.0).
+        size = len(json.dumps(from_value(value), separators=(",", ":"), ensure_ascii=False)
+                   .encode("utf-8", "surrogatepass"))
         if size > max_payload_bytes:
             return workers_pb2.StepResult(completed=workers_pb2.Completed(oversized_output_bytes=size))
     return workers_pb2.StepResult(completed=workers_pb2.Completed(output=value))
 
 
 def _cut(text: str, limit: int) -> str:
+    """`text` within `limit` bytes of UTF-8, its marker included, so that the server keeps it
+    as sent and the marker names the size the handler's text had."""
     raw = text.encode("utf-8", "surrogatepass")
     if len(raw) <= limit:
         return text
-    return raw[:limit].decode("utf-8", "ignore") + f"... [cut at {limit} of {len(raw)} bytes]"
+    keep = limit - len(f"... [cut at {limit} of {len(raw)} bytes]")  # the marker below is no longer
+    return raw[:keep].decode("utf-8", "ignore") + f"... [cut at {keep} of {len(raw)} bytes]"
 
 
 def bounded_message(result: workers_pb2.StepResult) -> workers_pb2.StepResult:

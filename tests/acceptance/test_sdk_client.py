@@ -229,3 +229,29 @@ async def test_wait_for_server_waits_for_one_that_is_starting(start_server: Any,
         await asyncio.sleep(0.3)
         server.restart()
         assert await asyncio.wait_for(later, DEADLINE) == []
+
+
+async def test_the_sdk_measures_outputs_and_cuts_messages_as_the_server_does(server: Any, client: Client) -> None:
+    worker = Worker(server.address, slots=2)
+
+    @worker.handler("floats")
+    async def floats(ctx: Context) -> list[float]:
+        # 1.0 crosses the wire as the JSON number 1: 800,001 bytes, within the 1 MiB limit
+        # (1,600,001 if measured as Python writes 1.0).
+        return [1.0] * 400_000
+
+    @worker.handler("long_failure")
+    async def long_failure(ctx: Context) -> None:
+        raise Permanent("m" * 70_000)
+
+    async with worker:
+        ok = await client.enqueue("floats")
+        assert len((await client.result(ok, timeout=DEADLINE))["floats"]) == 400_000
+        bad = await client.enqueue("long_failure")
+        with pytest.raises(RunFailed):
+            await client.result(bad, timeout=DEADLINE)
+    message = (await client.get(bad)).steps[0].errors[-1].message
+    # Cut by the SDK within the server's 64 KiB, marker included, so the server keeps it as
+    # sent and the marker names the handler's size.
+    assert message.startswith("m" * 1000) and message.endswith(" of 70000 bytes]")
+    assert len(message.encode()) <= 64 * 1024
