@@ -88,6 +88,21 @@ class WorkerScenarios(WorkerFixtures):
         # The worker measured the output as the server does (compact JSON), and said so.
         assert a.errors[-1].message == "output is 5011 bytes, over the limit of 1000 bytes"
 
+    async def test_a_lease_bigger_than_grpcs_default_4_mib_is_received(self, server: Any,
+                                                                        launch_worker: Any) -> None:
+        """A payload within the JSON limit travels as protobuf Values several times its size:
+        the worker's channel must accept more than gRPC's default 4 MiB."""
+        worker = launch_worker(self.lang, server.address, {"ok": "succeed"})
+        pad = [1] * 400_000  # 800,001 bytes of JSON (under the 1 MiB limit), about 4.4 MB as a Value
+        async with grpc.aio.insecure_channel(server.address,
+                                             options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
+            runs = Runs(channel)
+            run = await runs.wait(await runs.start("padded", [task("a", "ok")], {"value": 1, "pad": pad}))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        a = step_of(run, "a")
+        assert (a.attempt, a.reclaims, a.lease_owner) == (1, 0, worker.worker_id)
+        assert to_py(a.output) == self.expected(worker, "a", 2, {})
+
     async def test_cancel_stops_the_running_handler(self, server: Any, runs: Runs, launch_worker: Any,
                                                     markers: Path) -> None:
         worker = launch_worker(self.lang, server.address, {"slow": "block", "ok": "succeed"}, slots=1)

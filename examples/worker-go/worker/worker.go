@@ -91,7 +91,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	conn, err := grpc.Dial(w.opts.Address, grpc.WithInsecure(), grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 5 * time.Second},
 		MinConnectTimeout: 5 * time.Second,
-	}))
+	}),
+		// A lease carries its input and parents' outputs as protobuf Values, up to 5 or 6 times
+		// their JSON size: more than gRPC's default 4 MiB for payloads near the 1 MiB limit.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,9 @@ export function loadWorkersClient(address: string, protoDir: string): WorkersCli
     // The channel's own reconnect backoff; our stream backoff sits on top of it.
     'grpc.initial_reconnect_backoff_ms': 200,
     'grpc.max_reconnect_backoff_ms': 5_000,
+    // A lease carries its input and parents' outputs as protobuf Values, up to 5 or 6 times
+    // their JSON size: more than gRPC's default 4 MiB for payloads near the 1 MiB limit.
+    'grpc.max_receive_message_length': 64 * 1024 * 1024,
   });
 }
 
