@@ -291,7 +291,7 @@ def _traced(row: Any) -> tuple[Any, tracing.StepSpan | None]:
     return row._replace(trace_context=fields["trace_context"]), trace
 
 
-def to_result(r: pb.StepResult, max_output_bytes: int | None = None) -> Result | str:
+def to_result(r: pb.StepResult, max_output_bytes: int) -> Result | str:
     """The engine's Result for a StepResult, or 'unknown: why' when the step id is not an id.
     `max_output_bytes`: Welcome.max_payload_bytes, which an oversized_output_bytes must exceed.
 
@@ -311,7 +311,7 @@ def to_result(r: pb.StepResult, max_output_bytes: int | None = None) -> Result |
                 raise InvalidArgument("completed.oversized_output_bytes: must be >= 0, "
                                       f"got {r.completed.oversized_output_bytes}")
             if r.completed.oversized_output_bytes > 0:
-                if max_output_bytes is not None and r.completed.oversized_output_bytes <= max_output_bytes:
+                if r.completed.oversized_output_bytes <= max_output_bytes:
                     # Completing with no output would lose it without a word: the worker's bug, said.
                     raise InvalidArgument(f"completed.oversized_output_bytes: {r.completed.oversized_output_bytes} "
                                           f"is not over the limit of {max_output_bytes} bytes "

@@ -162,9 +162,7 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
         """The overlap policy cancel_previous cancels runs, as Runs/CancelRun does: only a caller
         who may call CancelRun (role admin) may set it on a schedule or trigger under it. Every
         other schedule call is open to role submit (auth.METHOD_ROLES)."""
-        if overlap != "cancel_previous" or self.tokens is None:
-            return
-        if not self._admin(context):
+        if overlap == "cancel_previous" and not self._admin(context):
             raise PermissionDenied(f"{field}: the overlap policy cancel_previous cancels runs, which needs the role "
                                    f"that may call {CANCEL_METHOD} (admin)")
 
@@ -240,7 +238,7 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
                               context: grpc.aio.ServicerContext) -> schedules_pb2.TriggerScheduleResponse:
         name = _name(request.name)
         overlap = policy_of(request.overlap, "overlap")
-        if overlap is None and self.tokens is not None and not self._admin(context):
+        if overlap is None and not self._admin(context):
             # The schedule's own policy applies: checked, and passed on as checked, so that a
             # change of the schedule meanwhile cannot slip cancel_previous past the check.
             overlap = (await self.engine.get_schedule(name, recent_runs=0))["overlap"]
