@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 
 from cyclone_server import definitions
-from cyclone_server.embedded import EmbeddedPostgres
-from cyclone_server.migrate import migrate
+from cyclone_server.store.embedded import EmbeddedPostgres
+from cyclone_server.store.migrate import migrate
 
 from _common import note, start_server
 from _drain import KIND, Drain, Stage, cyclone_worker_main, fmt_int, poll_until, print_rows, print_statements

@@ -12,8 +12,8 @@ from typing import Callable, Sequence
 
 import psycopg
 
-from cyclone_server.embedded import EmbeddedPostgres
-from cyclone_server.migrate import migrate
+from cyclone_server.store.embedded import EmbeddedPostgres
+from cyclone_server.store.migrate import migrate
 
 from _common import DAG_NODES, SERVER, bench_dag, start_server
 from _drain import (KIND, RAW_SCHEMA, Drain, Stage, cyclone_worker_main, pgq_consumer_main, poll_until,

@@ -16,8 +16,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from cyclone_server import dispatch, engine, hub
-from cyclone_server.cli import server_main
+from cyclone_server.stream import dispatcher as dispatch
+from cyclone_server.stream.conn import WorkerConn
+
+from cyclone_server.store import engine
+
+from cyclone_server.stream import hub
+from cyclone_server.cli.main import server_main
 
 EVENTS: list[tuple[str, str, float, float, int]] = []
 now = time.monotonic
@@ -37,7 +42,7 @@ def _timed(what: str, inner: Callable[..., Awaitable[Any]], who: Callable[..., s
 
 def _timed_results(inner: Callable[..., None]) -> Callable[..., None]:
     """WorkerHub._on_results (not async), recording each Results message read."""
-    def on_results(self: hub.WorkerHub, conn: dispatch.WorkerConn, results: Any) -> None:
+    def on_results(self: hub.WorkerHub, conn: WorkerConn, results: Any) -> None:
         t0 = now()
         inner(self, conn, results)
         EVENTS.append(("results", conn.worker_id, t0, now(), len(results)))

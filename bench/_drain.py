@@ -14,7 +14,7 @@ from typing import Callable
 import psutil
 import psycopg
 
-from cyclone_server.embedded import EmbeddedPostgres
+from cyclone_server.store.embedded import EmbeddedPostgres
 
 from _pg import CpuSampler, db_counters, postgres_pids, statements, statements_delta
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from cyclone_server.embedded import EmbeddedPostgres, start_embedded
+from cyclone_server.store.embedded import EmbeddedPostgres, start_embedded
 
 from _common import note
 

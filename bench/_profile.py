@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psycopg
 
-from cyclone_server.embedded import EmbeddedPostgres
-from cyclone_server.migrate import migrate
+from cyclone_server.store.embedded import EmbeddedPostgres
+from cyclone_server.store.migrate import migrate
 
 from _backlog import load_backlog_sql
 from _common import note

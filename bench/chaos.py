@@ -45,8 +45,8 @@ from pathlib import Path
 
 import psycopg
 
-from cyclone_server.embedded import EmbeddedPostgres, start_embedded
-from cyclone_server.migrate import migrate
+from cyclone_server.store.embedded import EmbeddedPostgres, start_embedded
+from cyclone_server.store.migrate import migrate
 from cyclone_worker import Client, Context, CycloneClientError, Job, Reconnect, Worker, Workflow
 
 KIND = "chaos"

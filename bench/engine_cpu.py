@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 from cyclone_proto import workers_pb2 as pb
-from cyclone_server.dispatch import lease_message
-from cyclone_server.embedded import start_embedded
-from cyclone_server.engine import Engine, Job, Result
-from cyclone_server.migrate import migrate
+from cyclone_server.stream.wire import lease_message
+from cyclone_server.store.embedded import start_embedded
+from cyclone_server.records import Job, Result
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.migrate import migrate
 
 BATCH = 64
 

@@ -32,8 +32,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cyclone_server.embedded import start_embedded  # noqa: E402
-from cyclone_server.migrate import migrate  # noqa: E402
+from cyclone_server.store.embedded import start_embedded  # noqa: E402
+from cyclone_server.store.migrate import migrate  # noqa: E402
 from cyclone_worker import Client, Context, Worker  # noqa: E402
 
 from _common import note, start_server  # noqa: E402

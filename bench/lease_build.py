@@ -1,6 +1,6 @@
 """What building one Lease costs the server, against the way it was built before.
 
-`cyclone_server.dispatch.lease_message` fills each Lease in place from a row of
+`cyclone_server.stream.wire.lease_message` fills each Lease in place from a row of
 `Engine.claim_leases` (ids as text, times in microseconds, the input and parents as JSON
 text, parsed and put straight into the message) and the dispatcher adds it directly to the
 outgoing `Leases`. The reference below is the first code: from a row as `Engine.claim`
@@ -25,7 +25,7 @@ from typing import Any
 
 from cyclone_proto import workers_pb2 as pb
 from cyclone_server.convert import py_to_value, to_timestamp
-from cyclone_server.dispatch import lease_message
+from cyclone_server.stream.wire import lease_message
 
 
 def reference_lease(row: dict[str, Any]) -> pb.Lease:

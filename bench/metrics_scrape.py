@@ -24,9 +24,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cyclone_server.engine import Engine  # noqa: E402
-from cyclone_server.metrics import Metrics, serve_metrics  # noqa: E402
-from cyclone_server.migrate import migrate  # noqa: E402
+from cyclone_server.store.engine import Engine  # noqa: E402
+from cyclone_server.serve.metrics import Metrics, serve_metrics  # noqa: E402
+from cyclone_server.store.migrate import migrate  # noqa: E402
 
 # Runs of `per_run` task steps each, all available, kinds round-robin over the steps.
 INSERT_RUNS = """
@@ -98,7 +98,7 @@ def main() -> None:
     if args.database_url:
         asyncio.run(bench(args.database_url, args.steps, args.kinds, args.scrapes))
         return
-    from cyclone_server.embedded import start_embedded
+    from cyclone_server.store.embedded import start_embedded
     with tempfile.TemporaryDirectory(prefix="cyclone-bench-") as tmp:
         pg = start_embedded(Path(tmp) / "pg", fast=True)
         try:

@@ -37,10 +37,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cyclone_server.background import RETENTION_BATCH, RETENTION_MAX_BATCHES  # noqa: E402
-from cyclone_server.embedded import start_embedded  # noqa: E402
-from cyclone_server.engine import Engine  # noqa: E402
-from cyclone_server.migrate import migrate  # noqa: E402
+from cyclone_server.serve.background import RETENTION_BATCH, RETENTION_MAX_BATCHES  # noqa: E402
+from cyclone_server.store.embedded import start_embedded  # noqa: E402
+from cyclone_server.store.engine import Engine  # noqa: E402
+from cyclone_server.store.migrate import migrate  # noqa: E402
 
 LIVE_KIND = "live"
 CLAIM_APP = "cyclone-bench-claims"  # application_name of the claim connections

@@ -35,8 +35,8 @@ from psycopg.types.json import Jsonb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cyclone_server import definitions  # noqa: E402
-from cyclone_server.embedded import start_embedded  # noqa: E402
-from cyclone_server.migrate import migrate  # noqa: E402
+from cyclone_server.store.embedded import start_embedded  # noqa: E402
+from cyclone_server.store.migrate import migrate  # noqa: E402
 
 from _common import note  # noqa: E402
 from _pg import MARK, create_db  # noqa: E402

@@ -50,8 +50,8 @@ from typing import Any
 
 import psycopg
 
-from cyclone_server.embedded import start_embedded
-from cyclone_server.migrate import migrate
+from cyclone_server.store.embedded import start_embedded
+from cyclone_server.store.migrate import migrate
 from cyclone_worker import Client, Context, Job, Worker
 
 from _common import DAG_NODES, bench_dag, note, start_server  # bench/ is sys.path[0] when run as a script

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import server_main
+from cyclone_server.cli.main import server_main
 
 sys.exit(server_main())

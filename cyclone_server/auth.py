@@ -8,7 +8,7 @@ and Kubernetes probes need no token.
 
 Wiring (server)::
 
-    auth.add_arguments(parser)
+    settings.add(parser, groups=["security"])   # cyclone_server/serve/settings.py
     interceptors, credentials = auth.server_security(args)   # raises SecurityConfigError
     server = grpc.aio.server(interceptors=interceptors, ...)
     if credentials: server.add_secure_port(listen, credentials) else: server.add_insecure_port(listen)
@@ -24,11 +24,13 @@ import ipaddress
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import grpc
+
+from cyclone_worker._channel import open_channel as sdk_channel
 
 from .listen import split_host_port
 
@@ -235,11 +237,6 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None
     return grpc.ssl_server_credentials(pair)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The security settings of cyclone_server/settings.py (each also read from its environment variable)."""
-    from . import settings
-    settings.add(parser, groups=["security"])
-
 
 def _listen_host(listen: str | None) -> str | None:
     if not listen:
@@ -324,17 +321,17 @@ def bearer_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 
 
 def open_channel(address: str, *, token: str | None = None, tls: bool = False, ca_file: str | None = None,
-                 cert_file: str | None = None, key_file: str | None = None,
-                 options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
-    """A grpc.aio channel to a Cyclone server: TLS when `tls` or any file is given, plaintext otherwise."""
+                 cert_file: str | None = None, key_file: str | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to a Cyclone server, sending `token` on every call: TLS when `tls`
+    or any file is given, plaintext otherwise. The SDK's one channel constructor makes it,
+    with its message limits and reconnect backoff."""
     if tls or ca_file or cert_file or key_file:
         creds = channel_credentials(ca_file=ca_file, cert_file=cert_file, key_file=key_file, token=token)
-        return grpc.aio.secure_channel(address, creds, options=list(options))
-    interceptors = bearer_interceptors(token) if token else None
-    return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
+        return sdk_channel(address, tls=creds)
+    return sdk_channel(address, interceptors=bearer_interceptors(token) if token else None)
 
 
 __all__ = ["ROLES", "METHOD_ROLES", "SecurityConfigError", "roles_for", "parse_tokens", "load_tokens",
-           "TokenAuthInterceptor", "is_loopback", "require_safe_listen", "server_credentials", "add_arguments",
+           "TokenAuthInterceptor", "is_loopback", "require_safe_listen", "server_credentials",
            "server_security", "bearer_metadata", "token_call_credentials", "channel_credentials",
            "bearer_interceptors", "open_channel"]

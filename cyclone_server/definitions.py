@@ -18,7 +18,7 @@ MAX_NODES = 10_000
 # Durations become Postgres intervals added to now(): keep them finite and far from overflow.
 MAX_SECONDS = 100 * 365.25 * 86400
 
-# DECISIONS section 3: the defaults of every node option. Durations are in seconds.
+# The defaults of every node option (docs/lifecycle.md, "Node option defaults"). Durations are in seconds.
 DEFAULTS: dict[str, Any] = {
     "max_attempts": 25,
     "backoff_initial": 1.0,

@@ -54,6 +54,16 @@ class PermissionDenied(CycloneError):
     status = grpc.StatusCode.PERMISSION_DENIED
 
 
+class Unavailable(CycloneError):
+    """database unavailable, try again"""
+
+    status = grpc.StatusCode.UNAVAILABLE
+
+
+class DatabaseError(CycloneError):
+    """The database refused a statement for a reason that is not the caller's input."""
+
+
 class MigrationError(CycloneError):
     """The database schema cannot be brought up to date."""
 

@@ -15,16 +15,21 @@ from pathlib import Path
 DEFAULT_PORT = 7233
 
 
-def split_host_port(text: str, *, default_port: int | None = None, what: str = "address") -> tuple[str, int]:
-    """'HOST:PORT', '[v6]:PORT' (or 'HOST' when `default_port` is given) -> (host, port).
+def split_host_port(text: str, *, default_port: int | None = None, default_host: str | None = None,
+                    what: str = "address") -> tuple[str, int]:
+    """'HOST:PORT', '[v6]:PORT' (or 'HOST' when `default_port` is given, ':PORT' when
+    `default_host` is) -> (host, port).
 
-    The host is returned as written (IPv6 keeps its brackets, as gRPC wants them);
-    ValueError names `what` and the value.
+    The host is returned as written (IPv6 keeps its brackets, as gRPC wants them; `bare_host`
+    takes them off for sockets); ValueError names `what` and the value.
 
         split_host_port("127.0.0.1:7233")                      # ("127.0.0.1", 7233)
         split_host_port("localhost", default_port=7233)        # ("localhost", 7233)
+        split_host_port(":9464", default_host="0.0.0.0")       # ("0.0.0.0", 9464)
     """
     value = text.strip()
+    if default_host is not None and value.startswith(":"):
+        value = default_host + value
     host, sep, port = value.rpartition(":")
     if default_port is not None and (":" not in value or value.startswith("[") and value.endswith("]")):
         host, port = value, str(default_port)  # no port: 'host' or '[::1]'

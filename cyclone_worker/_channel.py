@@ -1,4 +1,4 @@
-"""Opens the gRPC channel that the client and the worker share in shape: address, TLS, bearer token."""
+"""Opens every channel to a Cyclone server (SDK worker and client, and the `cyclone` CLI): address, TLS, limits."""
 
 from __future__ import annotations
 
@@ -19,11 +19,15 @@ _OPTIONS = [
 ]
 
 
-def open_channel(address: str, *, tls: grpc.ChannelCredentials | None = None) -> grpc.aio.Channel:
-    """An aio channel to `address` (HOST:PORT): TLS when `tls` is given, else plaintext."""
+def open_channel(address: str, *, tls: grpc.ChannelCredentials | None = None,
+                 interceptors: list[grpc.aio.ClientInterceptor] | None = None) -> grpc.aio.Channel:
+    """An aio channel to `address` (HOST:PORT): TLS when `tls` is given, else plaintext.
+
+    Messages up to 64 MiB each way (a lease's payloads as protobuf Values can be several
+    times their JSON size), and a reconnect within 2 s of a server coming back."""
     if tls is not None:
-        return grpc.aio.secure_channel(address, tls, options=_OPTIONS)
-    return grpc.aio.insecure_channel(address, options=_OPTIONS)
+        return grpc.aio.secure_channel(address, tls, options=_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=_OPTIONS, interceptors=interceptors)
 
 
 def auth_metadata(token: str | None) -> tuple[tuple[str, str], ...]:

@@ -76,7 +76,7 @@ class CycloneTestServer:
         self._tmp = Path(tempfile.mkdtemp(prefix="cyclone-testserver-"))
         try:
             if self._given_url is None:
-                from cyclone_server.embedded import start_embedded  # the same distribution
+                from cyclone_server.store.embedded import start_embedded  # the same distribution
 
                 self._pg = start_embedded(self._tmp / "pg", fast=True)
                 self.database_url = self._pg.url()

@@ -25,8 +25,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cyclone_server import embedded
-from cyclone_server.migrate import migrate
+from cyclone_server.store import embedded
+from cyclone_server.store.migrate import migrate
 
 URL_VAR = "CYCLONE_TEST_DATABASE_URL"
 

@@ -24,10 +24,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import psycopg
 
-from .engine import ENQUEUE_MANY_MAX, Engine, Job, PreparedJob
-from .errors import CycloneError
+from cyclone_server.records import ENQUEUE_MANY_MAX, Job, PreparedJob
+
+from cyclone_server.store.engine import Engine
+from cyclone_server.errors import CycloneError, Unavailable
 
 log = logging.getLogger("cyclone.batching")
 
@@ -35,7 +36,7 @@ BATCH_INPUT_BYTES = 16 << 20  # inputs per batch (compact JSON), so one batch's 
 # Gathering a batch under a stream of calls (EnqueueBatcher._gather). With 64 calls in
 # flight, batches grew from 5 to 6 jobs to 10 to 12, and Postgres's CPU per job fell by
 # 11 to 19%; a closed loop of 8 callers lost about 6% of its rate to the wait
-# (docs/benchmarks.md, sixteenth pass).
+# (docs/benchmarks.md).
 GATHER_MIN = 2  # calls already waiting: fewer is no stream, and is written at once
 GATHER_ENOUGH = 32  # calls waiting: written at once
 # Seconds; the writer waits on while each slice brings more calls. asyncio's loop rounds a
@@ -154,8 +155,8 @@ class EnqueueBatcher:
         while batch:
             try:
                 rows = await self._write_jobs([job for job, _ in batch], may_claim=may_claim)
-            except (CycloneError, psycopg.Error) as e:
-                if isinstance(e, psycopg.OperationalError):  # unreachable, or the commit's fate unknown
+            except CycloneError as e:
+                if isinstance(e, Unavailable):  # unreachable, or the commit's fate unknown
                     _fail(batch, e)
                     return
                 refused = _refused_index(e, len(batch))
@@ -182,14 +183,13 @@ class EnqueueBatcher:
         what the dispatcher's claim of many does, and so do the Leases, Results and acks
         messages of one lease. Under load the calls come in batches anyway, which the
         dispatcher serves in bulk; a call that had to wait for the batch before it is part
-        of such a stream, even when it came alone in the next batch (docs/benchmarks.md,
-        fourteenth pass)."""
+        of such a stream, even when it came alone in the next batch (docs/benchmarks.md)."""
         if (may_claim and self.claim is not None and len(jobs) == 1 and not self._waiting
                 and self._writers == 1):
             try:
                 rows = await self.claim(jobs)
-            except (CycloneError, psycopg.Error) as e:
-                if isinstance(e, psycopg.OperationalError):  # as below: the commit's fate is unknown
+            except CycloneError as e:
+                if isinstance(e, Unavailable):  # as below: the commit's fate is unknown
                     raise
                 rows = None  # rolled back: written again without the claim, which names a refused job
             if rows is not None:
@@ -206,10 +206,9 @@ class EnqueueBatcher:
             _settle(done, row)
 
 
-def _refused_index(error: CycloneError | psycopg.Error, size: int) -> int | None:
+def _refused_index(error: CycloneError, size: int) -> int | None:
     """The index of the job the database refused, from its "jobs[i]: " message."""
-    message = error.message if isinstance(error, CycloneError) else (error.diag.message_primary or "")
-    m = _JOB_INDEX.match(message)
+    m = _JOB_INDEX.match(error.message)
     if m is None or int(m.group(1)) >= size:
         return None
     return int(m.group(1))

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 import grpc
 
-from .convert import MAX_JSON_DEPTH
+from cyclone_server.convert import MAX_JSON_DEPTH
 
 log = logging.getLogger("cyclone.api")
 

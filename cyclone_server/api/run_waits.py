@@ -14,8 +14,10 @@ import asyncio
 import collections
 import logging
 
-from .engine import TERMINAL_RUN_STATES, Engine
-from .notify import Notifier
+from cyclone_server.records import TERMINAL_RUN_STATES
+
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
 
 log = logging.getLogger("cyclone.run_waits")
 

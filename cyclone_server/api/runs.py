@@ -13,13 +13,14 @@ import grpc
 
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
-from . import convert, definitions, tracing
+from cyclone_server import convert, definitions, tracing
 from .batching import Claim, EnqueueBatcher
-from .engine import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Engine, Job
-from .errors import InvalidArgument
-from .notify import Notifier
+from cyclone_server.records import ENQUEUE_MANY_MAX, TERMINAL_RUN_STATES, Job
+from cyclone_server.store.engine import Engine
+from cyclone_server.errors import InvalidArgument
+from cyclone_server.store.notify import Notifier
 from .run_waits import RunEndWatch
-from .servicers import deadline_of, non_negative, plain_text, required, required_id, rpc
+from .common import deadline_of, non_negative, plain_text, required, required_id, rpc
 
 WAIT_DEFAULT = 30.0
 WAIT_MAX = 3600.0

@@ -11,13 +11,13 @@ import grpc
 
 from cyclone_proto import runs_pb2, schedules_pb2, schedules_pb2_grpc
 
-from . import convert, definitions
-from .auth import TokenAuthInterceptor
-from .engine import Engine
-from .errors import InvalidArgument, PermissionDenied
-from .schedule_spec import DEFAULT_CATCHUP_WINDOW, OVERLAP_POLICIES, ScheduleSettings, Spec
-from .servicers import MAX_DEADLINE_IN, non_negative, plain_text, required, rpc
-from .servicers_runs import _job_of
+from cyclone_server import convert, definitions
+from cyclone_server.auth import TokenAuthInterceptor
+from cyclone_server.store.engine import Engine
+from cyclone_server.errors import InvalidArgument, PermissionDenied
+from cyclone_server.schedule_spec import DEFAULT_CATCHUP_WINDOW, OVERLAP_POLICIES, ScheduleSettings, Spec
+from .common import MAX_DEADLINE_IN, non_negative, plain_text, required, rpc
+from .runs import _job_of
 
 LIST_DEFAULT, LIST_MAX = 100, 1000
 # OverlapPolicy numbers <-> the words of the database (0, unspecified, is the default: skip).

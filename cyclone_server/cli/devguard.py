@@ -4,7 +4,7 @@
   the embedded Postgres there. A second `cyclone dev` on the same data dir finds a live owner
   and refuses; it never stops a Postgres it did not start. A claim whose process is gone
   (a killed `cyclone dev`) is taken over, with the Postgres it left running.
-- The guard (`python -m cyclone_server.devguard DATA_DIR`) is a small child that reads its
+- The guard (`python -m cyclone_server.cli.devguard DATA_DIR`) is a small child that reads its
   stdin, a pipe from `cyclone dev`. The pipe closes when `cyclone dev` exits in any way,
   SIGKILL included; if the claim is still there then, `cyclone dev` did not stop its
   Postgres, and the guard does.
@@ -74,7 +74,7 @@ def claim(data_dir: str | Path, listen: str) -> None:
 
 def postgres_running(data_dir: str | Path) -> bool:
     """Whether a Postgres server runs on `data_dir` (its postmaster.pid names a live process)."""
-    from .embedded import PostmasterInfo
+    from cyclone_server.store.embedded import PostmasterInfo
     info = PostmasterInfo.read_from_pgdata(Path(data_dir).expanduser().resolve())
     return info is not None and info.is_running()
 
@@ -88,7 +88,7 @@ def release(data_dir: str | Path) -> None:
 
 def start_guard(data_dir: str | Path) -> subprocess.Popen[bytes]:
     """The guard child; keep the returned process (its stdin is the pipe) until exit."""
-    return subprocess.Popen([sys.executable, "-m", "cyclone_server.devguard", str(data_dir), str(os.getpid())],
+    return subprocess.Popen([sys.executable, "-m", "cyclone_server.cli.devguard", str(data_dir), str(os.getpid())],
                             stdin=subprocess.PIPE, start_new_session=True)
 
 
@@ -107,7 +107,7 @@ def _guard(data_dir: str, parent: int) -> None:
     owner = read_claim(data_dir)
     if owner is None or owner[0] != parent:
         return  # cyclone dev stopped its Postgres and let go of the claim
-    from .embedded import start_embedded
+    from cyclone_server.store.embedded import start_embedded
     print(f"cyclone dev (pid {parent}) exited without stopping its Postgres; stopping it", file=sys.stderr)
     start_embedded(data_dir).stop()
     claim_path(data_dir).unlink(missing_ok=True)

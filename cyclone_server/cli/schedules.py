@@ -1,6 +1,6 @@
 """`cyclone schedules ...`: make, read and steer schedules over gRPC (the Schedules service), as tables or JSON.
 
-Each command is one call of the public API, as `cyclone runs ...` (cli_ops.py), whose
+Each command is one call of the public API, as `cyclone runs ...` (cli/runs.py), whose
 connection options and exit codes it shares: 0 success, 1 an RPC failed (status and
 message on stderr), 2 bad arguments.
 """
@@ -8,7 +8,7 @@ message on stderr), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,14 +19,11 @@ from rich.table import Table
 from cyclone_proto import runs_pb2, schedules_pb2, types_pb2
 from cyclone_worker.values import to_value
 
-from .cli_ops import Client, _json_arg, _pb_duration, _runner, duration
-from .cli_start import BadInput
-from .cli_show import as_json, console, ts
+from .common import Client, Command, HelpFormatter, Leaves, duration, json_arg, pb_duration
+from .start import BadInput
+from .show import as_json, console, ts
 
 POLICIES = ["skip", "buffer_one", "allow_all", "cancel_previous"]
-
-
-Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
 
 
 def _when(text: str) -> datetime:
@@ -111,20 +108,20 @@ def settings_of(a: argparse.Namespace) -> schedules_pb2.ScheduleSettings:
     if input_ is not None:
         target.input.CopyFrom(input_)
     if a.deadline_in:
-        target.deadline_in.CopyFrom(_pb_duration(a.deadline_in))
+        target.deadline_in.CopyFrom(pb_duration(a.deadline_in))
     if a.cron:
         s.cron.CopyFrom(schedules_pb2.CronSpec(expression=a.cron, time_zone=a.time_zone or "UTC"))
     else:
-        s.interval.CopyFrom(schedules_pb2.IntervalSpec(every=_pb_duration(a.every),
-                                                       offset=_pb_duration(a.offset or 0.0)))
+        s.interval.CopyFrom(schedules_pb2.IntervalSpec(every=pb_duration(a.every),
+                                                       offset=pb_duration(a.offset or 0.0)))
     for name in ("start_at", "end_at"):
         when = getattr(a, name)
         if when is not None:
             getattr(s, name).FromDatetime(when.astimezone(timezone.utc))
     if a.jitter:
-        s.jitter.CopyFrom(_pb_duration(a.jitter))
+        s.jitter.CopyFrom(pb_duration(a.jitter))
     if a.catchup_window is not None:
-        s.catchup_window.CopyFrom(_pb_duration(a.catchup_window))
+        s.catchup_window.CopyFrom(pb_duration(a.catchup_window))
     return s
 
 
@@ -209,7 +206,7 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
     spec.add_argument("--every", type=duration, help="a fixed interval, e.g. 30s, 15m")
     p.add_argument("--time-zone", help="IANA time zone of --cron (default UTC)")
     p.add_argument("--offset", type=duration, help="shift of --every from the epoch grid")
-    p.add_argument("--input", type=_json_arg, help="run input as JSON (default null)")
+    p.add_argument("--input", type=json_arg, help="run input as JSON (default null)")
     p.add_argument("--version", type=int, help="workflow version of --workflow (default: the latest)")
     p.add_argument("--priority", type=int, default=0, help="each run's priority (lower is claimed first)")
     p.add_argument("--max-attempts", type=int, help="job option (--job)")
@@ -222,21 +219,15 @@ def _settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", help="free text for operators")
 
 
-def register(subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
-             parents: Sequence[argparse.ArgumentParser]) -> None:
-    """Add `schedules` with its commands; `parents` carry the connection options and --json."""
-    from .cli_ops import HelpFormatter
+def register(subparsers: argparse._SubParsersAction, leaves: Leaves) -> None:  # type: ignore[type-arg]
+    """Add `schedules` with its commands."""
 
     group = subparsers.add_parser("schedules", help="make, read and steer schedules",
                                   formatter_class=HelpFormatter).add_subparsers(
         dest="schedules_command", required=True, metavar="COMMAND")
 
     def leaf(name: str, cmd: Command, help: str, *, named: bool = True) -> argparse.ArgumentParser:
-        p = group.add_parser(name, parents=list(parents), help=help, description=help, formatter_class=HelpFormatter)
-        p.set_defaults(func=_runner(cmd))
-        if named:
-            p.add_argument("name", help="the schedule's name")
-        return p
+        return leaves(group, name, cmd, help, *(["name=the schedule's name"] if named else []))
 
     p = leaf("list", cmd_list, "schedules by name, with their next fire time and counters", named=False)
     p.add_argument("--prefix", default="", help="only names starting with this")

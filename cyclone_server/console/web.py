@@ -21,41 +21,34 @@ Security (see docs/console.md):
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import secrets
 import ssl
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import grpc
 import jinja2
-import psycopg
-import psycopg_pool
 from aiohttp import web
 
-from .. import auth
-from ..engine import RUN_STATES, TERMINAL_RUN_STATES, Engine
-from ..convert import kind_without_workers
-from ..errors import CycloneError, InvalidArgument, NotFound
-from . import graph
+from cyclone_server import auth
+from cyclone_server.records import RUN_STATES
+from cyclone_server.store.engine import Engine
+from cyclone_server.convert import kind_without_workers
+from cyclone_server.errors import CycloneError, InvalidArgument, NotFound, Unavailable
+from . import graph, views
+from .access import (ACT_METHOD, CSRF_COOKIE, OPEN_PATHS, READ_METHOD, TOKEN_COOKIE, Access, decorate, is_https,
+                     same_origin, safe_next)
+from .views import fmt_json, fmt_seconds, fmt_time, run_summary, schedule_view, step_view, timeline
 
 log = logging.getLogger("cyclone.console")
 
 HERE = Path(__file__).parent
-TOKEN_COOKIE = "cyclone_token"
-CSRF_COOKIE = "cyclone_csrf"
-READ_METHOD = "/cyclone.v1.Runs/GetRun"  # a token that may call it may read the console
-ACT_METHOD = "/cyclone.v1.Runs/CancelRun"  # a token that may call it (admin) may act
-OPEN_PATHS = ("/login", "/healthz", "/metrics", "/static/")
 PAGE_SIZE = 50
 POLL_MS = 1000
 MAX_DRAWN_NODES = 400  # a larger DAG is listed in the step table, not drawn
-MAX_SHOWN_JSON = 20_000  # characters of an input, output or result shown inline
 ACTIONS = {
     "cancel": "Cancel run",
     "pause": "Pause run",
@@ -87,200 +80,6 @@ SCHEDULE_ACTION_HELP = {
 
 MetricsRender = Callable[[], Awaitable[tuple[bytes, str]]]
 Ready = Callable[[], bool]
-
-
-# -- formatting ----------------------------------------------------------------------
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def fmt_time(value: datetime | None) -> str:
-    if value is None:
-        return ""
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def fmt_seconds(value: float | timedelta | None) -> str:
-    """1.23 s, 4 m 05 s, 2 h 03 m, 3 d 4 h."""
-    if value is None:
-        return ""
-    s = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if s < 60:
-        return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
-    m, sec = divmod(int(s), 60)
-    if m < 60:
-        return f"{m} m {sec:02d} s"
-    h, m = divmod(m, 60)
-    if h < 48:
-        return f"{h} h {m:02d} m"
-    d, h = divmod(h, 24)
-    return f"{d} d {h} h"
-
-
-def fmt_json(value: Any) -> str:
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
-    if len(text) > MAX_SHOWN_JSON:
-        return text[:MAX_SHOWN_JSON] + f"\n... [{len(text) - MAX_SHOWN_JSON} more characters]"
-    return text
-
-
-def run_summary(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    """What the runs table and the run page's header show of a run."""
-    steps = run.get("steps") or []
-    done = sum(1 for s in steps if s["state"] == "completed")
-    end = run.get("finished_at") or now
-    return {
-        "id": str(run["id"]), "state": run["state"],
-        "workflow": run.get("workflow_name") or "", "version": run.get("workflow_version") or 0,
-        "job_kind": steps[0]["kind"] if not run.get("workflow_name") and steps else "",
-        "done": done, "total": len(steps), "age": fmt_seconds(now - run["created_at"]),
-        "duration": fmt_seconds(end - run["created_at"]), "created": fmt_time(run["created_at"]),
-        "finished": fmt_time(run.get("finished_at")), "terminal": run["state"] in TERMINAL_RUN_STATES,
-        "parent": str(run["parent_run_id"]) if run.get("parent_run_id") else "",
-        "deadline": fmt_time(run.get("deadline_at")), "priority": run.get("priority", 0),
-    }
-
-
-def step_view(s: Mapping[str, Any], now: datetime) -> dict[str, Any]:
-    started, finished = s.get("started_at"), s.get("finished_at")
-    return {
-        "node": s["node"], "kind": s["kind"], "type": s["type"], "state": s["state"],
-        "attempt": s["attempt"], "max_attempts": s["max_attempts"], "reclaims": s["reclaims"],
-        "max_reclaims": s["max_reclaims"], "snoozes": s["snoozes"],
-        "created": fmt_time(s.get("created_at")), "started": fmt_time(started), "finished": fmt_time(finished),
-        "duration": fmt_seconds((finished or now) - started) if started else "",
-        "lease_owner": s.get("lease_owner") or "", "lease_expiry": fmt_time(s.get("lease_expiry"))
-        if s["state"] == "running" else "",
-        "output": fmt_json(s["output"]) if s.get("output") is not None else "",
-        "errors": [{"attempt": e.get("attempt"), "error_kind": e.get("error_kind") or "",
-                    "message": e.get("message") or "", "details": e.get("details") or "",
-                    "at": str(e.get("at") or "")[:19].replace("T", " ")}
-                   for e in (s.get("errors") or [])],
-        "reason": s.get("reason") or "", "error_kind": s.get("error_kind") or "",
-        "cancel_cause": s.get("cancel_cause") or "",
-        "child_run": str(s["child_run_id"]) if s.get("child_run_id") else "",
-        "retryable": s["state"] == "discarded",
-    }
-
-
-def _span(seconds: float) -> str:
-    """An interval's every or offset, exactly: 0.25 s, 90.5 s, 15 m 00 s, 24 h 00 m."""
-    return f"{seconds:g} s" if seconds < 60 or seconds != int(seconds) else fmt_seconds(seconds)
-
-
-def schedule_view(row: Mapping[str, Any]) -> dict[str, Any]:
-    """What the schedules table and the schedule page show of a schedule row (cyclone_schedules)."""
-    target, spec = row["target"], row["spec"]
-    job = target.get("job")
-    if spec.get("cron") is not None:
-        when = f"cron {spec['cron']} ({spec.get('time_zone') or 'UTC'})"
-    else:
-        offset = float(spec.get("offset") or 0)
-        when = f"every {_span(float(spec['every']))}" + (f" at offset {_span(offset)}" if offset else "")
-    jitter, catchup = row.get("jitter"), row.get("catchup_window")
-    return {
-        "name": row["name"], "workflow": target.get("workflow") or "", "version": target.get("version") or 0,
-        "job_kind": job["kind"] if job else "", "spec": when, "overlap": row["overlap"], "paused": row["paused"],
-        "next_fire": fmt_time(row.get("next_fire_at")), "next_due": fmt_time(row.get("next_due_at")),
-        "last_fire": fmt_time(row.get("last_fire_at")), "buffered": fmt_time(row.get("buffered_fire_at")),
-        "fires": row.get("fires", 0), "misses": row.get("misses", 0), "skips": row.get("skips", 0),
-        "note": row.get("note") or "", "start": fmt_time(row.get("start_at")), "end": fmt_time(row.get("end_at")),
-        "jitter": fmt_seconds(jitter) if jitter else "", "catchup": fmt_seconds(catchup) if catchup is not None else "",
-        "priority": target.get("priority") or 0,
-        "deadline_in": fmt_seconds(float(target["deadline_in"])) if target.get("deadline_in") else "",
-        "input": fmt_json(target.get("input")), "options": fmt_json(job) if job else "",
-        "created": fmt_time(row.get("created_at")), "updated": fmt_time(row.get("updated_at")),
-    }
-
-
-def timeline(run: Mapping[str, Any], now: datetime) -> list[dict[str, Any]]:
-    """Per step, its bar from start to end as percentages of the run's span (created .. finished or now)."""
-    start = run["created_at"]
-    end = run.get("finished_at") or now
-    span = max((end - start).total_seconds(), 1e-3)
-    bars = []
-    for s in run.get("steps") or []:
-        if not s.get("started_at"):
-            continue
-        a = (s["started_at"] - start).total_seconds()
-        b = ((s.get("finished_at") or now) - start).total_seconds()
-        left = min(max(a / span * 100, 0.0), 100.0)
-        width = min(max((b - a) / span * 100, 0.4), 100.0 - left)
-        bars.append({"node": s["node"], "state": s["state"], "left": f"{left:.2f}", "width": f"{width:.2f}",
-                     "started": fmt_time(s["started_at"]), "finished": fmt_time(s.get("finished_at")),
-                     "duration": fmt_seconds(b - a)})
-    return bars
-
-
-# -- security ------------------------------------------------------------------------
-
-
-class Access:
-    """Who the request is, by the same token table as the gRPC port (None: no tokens configured)."""
-
-    def __init__(self, tokens: auth.TokenAuthInterceptor | None) -> None:
-        self.tokens = tokens
-
-    @property
-    def enabled(self) -> bool:
-        return self.tokens is not None
-
-    @staticmethod
-    def token_of(request: web.Request) -> tuple[str | None, bool]:
-        """(token, from_header)."""
-        header = auth.bearer_token([("authorization", request.headers.get("Authorization", ""))])
-        if header:
-            return header, True
-        return request.cookies.get(TOKEN_COOKIE) or None, False
-
-    def refusal(self, token: str | None, method: str) -> tuple[int, str] | None:
-        """None when `token` may call `method`, else (HTTP status, why)."""
-        if self.tokens is None:
-            return None
-        answer = self.tokens.check(method, auth.bearer_metadata(token) if token else ())
-        if answer is None:
-            return None
-        code, message = answer
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            needs = "admin" if method == ACT_METHOD else "submit or admin"
-            return 403, f"this token may not do that: it needs the role {needs} ({message})"
-        return 401, "sign in with a token" if token is None else "the token is not known to this server"
-
-
-def _same_origin(request: web.Request) -> bool:
-    """False when the browser says the request comes from a page of another site."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True  # not a browser, or a same-origin request of an older browser: the CSRF token decides
-    return urlsplit(origin).netloc == request.host
-
-
-def _https(request: web.Request) -> bool:
-    """Whether the browser reached the console over HTTPS: directly, or through a TLS proxy that says so
-    (X-Forwarded-Proto). A client that lies about it only keeps its own cookies off plain HTTP."""
-    return request.secure or request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip() == "https"
-
-
-def _decorate(response: web.StreamResponse, request: web.Request, fresh_csrf: str) -> None:
-    """The CSRF cookie (on a browser's first visit) and the security headers of every answer."""
-    if fresh_csrf:
-        response.set_cookie(CSRF_COOKIE, fresh_csrf, httponly=True, samesite="Strict", path="/",
-                            secure=_https(request))
-    h = response.headers
-    h.setdefault("X-Content-Type-Options", "nosniff")
-    h.setdefault("X-Frame-Options", "DENY")
-    h.setdefault("Referrer-Policy", "same-origin")
-    h.setdefault("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; "
-                                           "script-src 'self'; frame-ancestors 'none'; form-action 'self'")
-
-
-def _safe_next(target: str | None) -> str:
-    """A local path to go to after sign-in (never another site)."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/runs"
-    return target
 
 
 # -- the application -----------------------------------------------------------------
@@ -331,7 +130,7 @@ class Console:
         request["token"], request["from_header"] = token, from_header
         request["signed_in"] = self.access.enabled and token is not None
         try:
-            if request.method == "POST" and not from_header and not _same_origin(request):
+            if request.method == "POST" and not from_header and not same_origin(request):
                 raise self._error(request, 403, "refused: this form was sent from another site (Origin "
                                                 f"{request.headers.get('Origin')}), a cross-site request forgery")
             if not request.path.startswith(OPEN_PATHS) and request.path != "/":
@@ -343,13 +142,13 @@ class Console:
                     raise self._error(request, status, why)
             try:
                 response = await handler(request)
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
-                log.warning("%s: database unavailable: %s", request.path, e)
+            except Unavailable as e:
+                log.warning("%s: database unavailable: %s", request.path, e.__cause__ or e)
                 raise self._error(request, 503, "the database is unavailable; try again in a moment") from None
         except web.HTTPException as e:
-            _decorate(e, request, fresh_csrf)
+            decorate(e, request, fresh_csrf)
             raise
-        _decorate(response, request, fresh_csrf)
+        decorate(response, request, fresh_csrf)
         return response
 
     async def _form(self, request: web.Request) -> Mapping[str, str]:
@@ -399,12 +198,12 @@ class Console:
     # -- sign-in ----------------------------------------------------------------------
 
     async def login_form(self, request: web.Request) -> web.Response:
-        return self.render(request, "login.html", title="Sign in", next=_safe_next(request.query.get("next")),
+        return self.render(request, "login.html", title="Sign in", next=safe_next(request.query.get("next")),
                            message="")
 
     async def login(self, request: web.Request) -> web.StreamResponse:
         form = await self._form(request)
-        token, target = form.get("token", "").strip(), _safe_next(form.get("next"))
+        token, target = form.get("token", "").strip(), safe_next(form.get("next"))
         if not self.access.enabled:
             raise web.HTTPSeeOther(target)
         refusal = self.access.refusal(token or None, READ_METHOD)
@@ -413,7 +212,7 @@ class Console:
                                message="That token is not known to this server." if refusal[0] == 401
                                else "That token may not read the console (it needs the role submit or admin).")
         resp = web.HTTPSeeOther(target)
-        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/", secure=_https(request))
+        resp.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/", secure=is_https(request))
         return resp
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
@@ -433,14 +232,14 @@ class Console:
         try:
             if state and state not in RUN_STATES:
                 raise InvalidArgument(f"state: {state!r} is not a run state")
-            created_after, created_before = _when(q.get("from", ""), "from"), _when(q.get("to", ""), "to")
-            after = _cursor(q.get("after", ""))
+            created_after, created_before = views.when(q.get("from", ""), "from"), views.when(q.get("to", ""), "to")
+            after = views.cursor(q.get("after", ""))
             rows = await self.engine.list_runs(states=[state] if state else [], workflow=workflow or None,
                                                created_after=created_after, created_before=created_before,
                                                limit=PAGE_SIZE + 1, after=after, steps=True, id_prefix=id_prefix)
         except CycloneError as e:
             rows, error = [], e.message
-        now = _now()
+        now = views.now()
         more = len(rows) > PAGE_SIZE
         rows = rows[:PAGE_SIZE]
         filters = {k: q[k] for k in ("state", "workflow", "from", "to", "id") if q.get(k)}
@@ -463,7 +262,7 @@ class Console:
 
     def _run_context(self, request: web.Request, run: dict[str, Any], notice: dict[str, Any] | None = None
                      ) -> dict[str, Any]:
-        now = _now()
+        now = views.now()
         summary = run_summary(run, now)
         title = summary["workflow"] or summary["job_kind"] or "run"
         return {"title": f"{title} {summary['id']}", "run": summary, "run_title": title,
@@ -504,14 +303,14 @@ class Console:
         fields = {k: form.get(k, "") for k in ("node", "name", "payload")}
         if action == "signal" and form.get("confirm") != "yes":
             try:
-                _payload(fields["payload"])
+                views.payload(fields["payload"])
             except InvalidArgument as e:  # refused before the confirmation: nothing to confirm
                 notice = {"ok": False, "text": f"{ACTIONS[action]}: refused by the server (INVALID_ARGUMENT): "
                                                f"{e.message}"}
                 return self.render(request, "run.html", status=400, **self._run_context(request, run, notice))
         if form.get("confirm") != "yes":
             return self.render(request, "confirm.html", title=ACTIONS[action], action=action,
-                               label=ACTIONS[action], help=ACTION_HELP[action], run=run_summary(run, _now()),
+                               label=ACTIONS[action], help=ACTION_HELP[action], run=run_summary(run, views.now()),
                                fields=fields)
         status, notice = 200, await self._perform(action, run_id, fields)
         if not notice["ok"]:
@@ -527,7 +326,7 @@ class Console:
         label = ACTIONS[action]
         try:
             if action == "signal":
-                payload = _payload(fields.get("payload", ""))
+                payload = views.payload(fields.get("payload", ""))
                 signal_id, consumed_by = await self.engine.signal(run_id, fields.get("name", "").strip(), payload)
                 taken = "taken at once by a waiting signal node" if consumed_by else \
                     "kept in the run's mailbox until a signal node waits for it"
@@ -602,7 +401,7 @@ class Console:
                   "workers": k.get("workers", 0), "free_slots": k.get("free_slots", 0),
                   "stalled": kind_without_workers(k)}
                  for k in await self.engine.stats()]
-        now = _now()
+        now = views.now()
         workers = [{**w, "kinds": ", ".join(w["kinds"]), "connected": fmt_time(w["connected_at"]),
                     "heartbeat": fmt_seconds(max((now - w["heartbeat_at"]).total_seconds(), 0.0)) + " ago"}
                    for w in await self.engine.list_workers()]
@@ -708,37 +507,6 @@ _STATUS_EXC: dict[int, type[web.HTTPException]] = {
 }
 _HTTP_OF = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
             grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ALREADY_EXISTS: 409}
-
-
-def _when(text: str, field: str) -> datetime | None:
-    """A time filter from the form: ISO 8601 (the datetime-local input), UTC when it names no zone."""
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgument(f"{field}: {text!r} is not a date and time (YYYY-MM-DDTHH:MM)") from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-def _cursor(text: str) -> tuple[datetime, str] | None:
-    if not text:
-        return None
-    created, _, run_id = text.partition("|")
-    try:
-        return datetime.fromisoformat(created), str(uuid.UUID(run_id))
-    except ValueError:
-        raise InvalidArgument("after: not a page cursor of this console") from None
-
-
-def _payload(text: str) -> Any:
-    if not text.strip():
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InvalidArgument(f"payload: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
 class HttpServer:

@@ -7,10 +7,8 @@ import json
 import logging
 import os
 import signal
-import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,23 +20,25 @@ from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, w
                                    workflows_pb2, workflows_pb2_grpc)
 from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 
-from . import auth
+from cyclone_server import auth
 from .background import Background
-from .engine import DEFAULT_MAX_PAYLOAD_BYTES, Engine
-from .hub import WorkerHub
-from .metrics import Metrics, MetricsServer, parse_listen, scrape, serve_metrics
-from .migrate import migrate
-from .notify import Notifier
-from .handlers import CallGate, Registrar
-from .listen import busy_message, port_in_use, split_host_port
-from .servicers import AdminServicer, WorkflowsServicer
-from .servicers_runs import RunsServicer
-from . import tracing
+from cyclone_server.store.engine import Engine
+from cyclone_server.stream.hub import WorkerHub
+from .settings import Settings
+from .metrics import Metrics, MetricsServer, scrape, serve_metrics
+from cyclone_server.store.migrate import migrate
+from cyclone_server.store.notify import Notifier
+from cyclone_server.api.handlers import CallGate, Registrar
+from cyclone_server.listen import bare_host, busy_message, port_in_use, split_host_port
+from cyclone_server.api.admin import AdminServicer
+from cyclone_server.api.workflows import WorkflowsServicer
+from cyclone_server.api.runs import RunsServicer
+from cyclone_server import tracing
 from .scheduler import Scheduler
-from .servicers_schedules import SchedulesServicer
+from cyclone_server.api.schedules import SchedulesServicer
 
 if TYPE_CHECKING:
-    from .console import HttpServer
+    from cyclone_server.console import HttpServer
 
 log = logging.getLogger("cyclone.server")
 
@@ -60,44 +60,6 @@ KEEPALIVE_OPTIONS = [
 ]
 
 
-@dataclass
-class Settings:
-    """Everything `cyclone-server` is configured with (see cli.py for the flags)."""
-
-    database_url: str
-    listen: str = "127.0.0.1:7233"
-    lease_ttl: float = 30.0
-    sweep_interval: float = 1.0
-    retention_interval: float | None = None
-    retention_default_age: float | None = None
-    migrate: bool = True
-    server_id: str = ""
-    ready_file: str | None = None
-    grace: float = 10.0
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    # Share the port with other processes (SO_REUSEPORT): only for `--processes N`, whose
-    # children bind one port together. Off otherwise, so that a stray process on the same
-    # port cannot silently take half of the connections.
-    reuse_port: bool = False
-    # "HOST:PORT" for GET /metrics (Prometheus text); None: no metrics endpoint.
-    metrics_listen: str | None = None
-    # "HOST:PORT" for the web console, /metrics and /healthz over HTTP; None: no HTTP port.
-    http_listen: str | None = None
-    # (certificate chain, key) PEM files: the HTTP port serves HTTPS with them (--tls-cert/--tls-key).
-    http_tls: tuple[str, str] | None = None
-    # From auth.server_security: the token interceptor (when tokens are configured) and
-    # TLS / mTLS credentials (None: plaintext).
-    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
-    credentials: grpc.ServerCredentials | None = None
-
-    def __post_init__(self) -> None:
-        if not self.server_id:
-            self.server_id = f"{socket.gethostname()}-{os.getpid()}"
-
-
-def split_listen(listen: str) -> tuple[str, int]:
-    """'HOST:PORT' or '[v6]:PORT' -> (host, port); ValueError when malformed (listen.split_host_port)."""
-    return split_host_port(listen, what="--listen")
 
 
 class CycloneServer:
@@ -123,7 +85,7 @@ class CycloneServer:
     async def start(self) -> str:
         """Migrate, connect, listen; returns the bound address 'HOST:PORT'."""
         s = self.settings
-        host, _ = split_listen(s.listen)
+        host, _ = split_host_port(s.listen, what="--listen")
         tracing.configure()  # spans only when the OTEL_* environment asks for them
         if s.migrate:
             applied = await asyncio.to_thread(migrate, s.database_url)
@@ -156,7 +118,8 @@ class CycloneServer:
         await self.scheduler.start()
         self._started.append("scheduler")
         if s.metrics_listen:
-            mhost, mport = parse_listen(s.metrics_listen)
+            mhost, mport = split_host_port(s.metrics_listen, default_host="0.0.0.0", what="--metrics-listen")
+            mhost = bare_host(mhost)
             self.metrics_server = await serve_metrics(self.metrics, self.engine, mhost, mport)
         if s.http_listen:
             await self._serve_http(s.http_listen)
@@ -212,9 +175,9 @@ class CycloneServer:
         """The console, /metrics and /healthz on `listen`, on this event loop, reading through this engine."""
         # Imported here: aiohttp and Jinja2 take a fifth of a second to import, which every
         # server start and CLI call would pay without a console.
-        from .console import Console, serve_console
+        from cyclone_server.console import Console, serve_console
 
-        host, port = split_listen(listen)
+        host, port = split_host_port(listen, what="--http-listen")
         assert self.engine is not None
         tokens = next((i for i in self.settings.interceptors if isinstance(i, auth.TokenAuthInterceptor)), None)
         console = Console(self.engine, tokens=tokens, metrics=self.scrape_metrics, server_id=self.settings.server_id,

@@ -7,8 +7,8 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable
 
-from .engine import Engine
-from .notify import Notifier
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
 
 log = logging.getLogger(__name__)
 

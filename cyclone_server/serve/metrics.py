@@ -15,7 +15,6 @@ thread, `--metrics-listen`), and `scrape` for an HTTP app of the server's own lo
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextvars
 import logging
@@ -31,8 +30,8 @@ from prometheus_client import GCCollector, PlatformCollector, ProcessCollector, 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .convert import kind_without_workers
-from .listen import bare_host, split_host_port
+from cyclone_server.convert import kind_without_workers
+
 
 log = logging.getLogger(__name__)
 
@@ -331,18 +330,5 @@ async def serve_metrics(metrics: Metrics, engine: StatsSource | None, host: str 
     return MetricsServer(httpd, thread, host, bound)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The metrics settings of cyclone_server/settings.py (each also read from its environment variable)."""
-    from . import settings
-    settings.add(parser, groups=["metrics"])
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """'HOST:PORT' (IPv6 as [::1]:PORT) -> (host, port); ValueError naming the value."""
-    # ':PORT' (no host) listens on every interface.
-    host, port = split_host_port("0.0.0.0" + value if value.startswith(":") else value, what="listen address")
-    return bare_host(host), port
-
-
-__all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics", "add_arguments", "parse_listen",
+__all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics",
            "CONTENT_TYPE", "DEFAULT_METRICS_PORT"]

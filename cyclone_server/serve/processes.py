@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .app import split_listen, write_ready_file
-from .metrics import parse_listen
-from .migrate import migrate
+from cyclone_server.listen import split_host_port
+
+from .app import write_ready_file
+from cyclone_server.store.migrate import migrate
 
 log = logging.getLogger("cyclone.server")
 
@@ -66,7 +67,7 @@ def run_processes(argv: Sequence[str], *, processes: int, database_url: str, lis
     if migrate_first:
         applied = migrate(database_url)
         log.info("migrations: %s", ", ".join(applied) if applied else "up to date")
-    host, port = split_listen(listen)
+    host, port = split_host_port(listen, what="--listen")
     reserved = _reserve_port(host) if port == 0 else None
     if reserved is not None:
         port = reserved.getsockname()[1]
@@ -91,7 +92,7 @@ def run_processes(argv: Sequence[str], *, processes: int, database_url: str, lis
             if server_id:
                 args += ["--server-id", f"{server_id}-{i}"]
             if metrics_listen:
-                mhost, mport = parse_listen(metrics_listen)
+                mhost, mport = split_host_port(metrics_listen, default_host="0.0.0.0", what="--metrics-listen")
                 args += ["--metrics-listen", f"{mhost}:{mport + i if mport else 0}"]
             children.append(subprocess.Popen(args))
         ready = _wait_ready(children, workdir, lambda: stopping)

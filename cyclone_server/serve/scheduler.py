@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import psycopg
 
-from . import schedule_spec
-from .engine import Engine
-from .notify import Notifier
+from cyclone_server import schedule_spec
+from cyclone_server.errors import Unavailable
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Scheduler:
             for row in due:
                 try:
                     await self._fire(row)
-                except (asyncio.CancelledError, psycopg.OperationalError):  # the database: the whole pass waits
+                except (asyncio.CancelledError, Unavailable):  # the database: the whole pass waits
                     raise
                 except Exception as e:  # one schedule that cannot fire must not hold up the others
                     self.failed_passes += 1

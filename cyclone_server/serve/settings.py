@@ -1,7 +1,7 @@
-"""The server's settings, declared once: each with its flag, environment variable, default and help.
+"""The server's settings, declared once (each with its flag, environment variable, default and help), and the Settings they make.
 
 `cyclone-server --help` is made from this table, and so is the table in
-docs/operations.md (`python -m cyclone_server.settings` prints it; a unit test checks
+docs/operations.md (`python -m cyclone_server.serve.settings` prints it; a unit test checks
 that the docs hold the current one). A flag given on the command line wins over its
 environment variable, which wins over the default.
 """
@@ -11,13 +11,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import DEFAULT_MAX_PAYLOAD_BYTES
-from .listen import split_host_port
+import grpc
+
+from cyclone_server import auth
+
+from cyclone_server.records import DEFAULT_MAX_PAYLOAD_BYTES
+from cyclone_server.listen import split_host_port
 
 DEFAULT_LISTEN = "127.0.0.1:7233"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -166,6 +171,80 @@ def add(parser: argparse.ArgumentParser, *, groups: Sequence[str] | None = None,
         s.add_to(target, env)
 
 
+@dataclass
+class Settings:
+    """Everything a server process is configured with: the values of SETTINGS (its defaults
+    are the table's), and what they make (the security interceptors and credentials)."""
+
+    database_url: str
+    listen: str = BY_FLAG["--listen"].default
+    lease_ttl: float = BY_FLAG["--lease-ttl"].default
+    sweep_interval: float = BY_FLAG["--sweep-interval"].default
+    retention_interval: float | None = None
+    retention_default_age: float | None = None
+    migrate: bool = True
+    server_id: str = ""
+    ready_file: str | None = None
+    grace: float = BY_FLAG["--grace"].default
+    max_payload_bytes: int = BY_FLAG["--max-payload-bytes"].default
+    # Share the port with other processes (SO_REUSEPORT): only for `--processes N`, whose
+    # children bind one port together. Off otherwise, so that a stray process on the same
+    # port cannot silently take half of the connections.
+    reuse_port: bool = False
+    # "HOST:PORT" for GET /metrics (Prometheus text); None: no metrics endpoint.
+    metrics_listen: str | None = None
+    # "HOST:PORT" for the web console, /metrics and /healthz over HTTP; None: no HTTP port.
+    http_listen: str | None = None
+    # (certificate chain, key) PEM files: the HTTP port serves HTTPS with them (--tls-cert/--tls-key).
+    http_tls: tuple[str, str] | None = None
+    # From auth.server_security: the token interceptor (when tokens are configured) and
+    # TLS / mTLS credentials (None: plaintext).
+    interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
+    credentials: grpc.ServerCredentials | None = None
+
+    def __post_init__(self) -> None:
+        if not self.server_id:
+            self.server_id = f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SettingsError(ValueError):
+    """Settings that do not go together, or a security file that cannot be read."""
+
+
+def from_args(args: argparse.Namespace) -> Settings:
+    """The Settings of parsed server flags (`add`); SettingsError says what is wrong."""
+    if not args.database_url:
+        raise SettingsError("--database-url (or CYCLONE_DATABASE_URL) is required")
+    if args.retention_default_age is not None and args.retention_interval is None:
+        raise SettingsError("--retention-default-age needs --retention-interval (how often the retention sweep runs)")
+    if args.metrics_listen:
+        try:
+            split_host_port(args.metrics_listen, default_host="0.0.0.0", what="listen address")
+        except ValueError as e:
+            raise SettingsError(f"--metrics-listen: {e}") from None
+    try:
+        interceptors, credentials = auth.server_security(args)
+    except (auth.SecurityConfigError, OSError) as e:
+        raise SettingsError(str(e)) from None
+    if args.http_listen:  # the console acts on runs: the gRPC port's rule, and only tokens authenticate it
+        http_host = split_host_port(args.http_listen, what="--http-listen")[0]
+        has_tokens = any(isinstance(i, auth.TokenAuthInterceptor) for i in interceptors)
+        if not (has_tokens or args.insecure_allow_no_auth or auth.is_loopback(http_host)):
+            raise SettingsError(
+                f"--http-listen: refusing to serve the web console on {http_host} without tokens: anyone who "
+                "reaches that address could cancel runs. Give --tokens-file (or CYCLONE_TOKENS), listen on "
+                "127.0.0.1, or pass --insecure-allow-no-auth if a proxy in front of it authenticates callers.")
+    return Settings(
+        database_url=args.database_url, listen=args.listen, lease_ttl=args.lease_ttl,
+        sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
+        retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
+        server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
+        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
+        http_tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
+        interceptors=interceptors, credentials=credentials, reuse_port=getattr(args, "reuse_port", False),
+    )
+
+
 def markdown() -> str:
     """The table of docs/operations.md ("Running a server")."""
     rows = ["| flag | env | default | what |", "| --- | --- | --- | --- |"]
@@ -179,5 +258,5 @@ if __name__ == "__main__":
     sys.stdout.write(markdown())
 
 
-__all__ = ["Setting", "SETTINGS", "add", "markdown", "positive", "non_negative", "positive_int", "listen",
+__all__ = ["Setting", "SETTINGS", "Settings", "SettingsError", "from_args", "add", "markdown", "positive", "non_negative", "positive_int", "listen",
            "DEFAULT_LISTEN", "DEFAULT_MAX_PAYLOAD_BYTES"]

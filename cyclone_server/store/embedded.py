@@ -19,6 +19,9 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from .faults import translated
 
 # platformdirs warns at import when XDG_RUNTIME_DIR is unset (containers, CI, cron) and
 # falls back to a private /tmp/runtime-<uid>, which is all the wheel needs it for.
@@ -126,6 +129,14 @@ def start_embedded(
             conn.execute("SELECT pg_reload_conf()")
     _running[path] = pg
     return pg
+
+
+def database(admin_url: str, name: str) -> str:
+    """The URL of database `name` on `admin_url`'s server, which creates it on first use."""
+    with translated(), psycopg.connect(admin_url, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(**{**conninfo_to_dict(admin_url), "dbname": name})
 
 
 def version() -> str:

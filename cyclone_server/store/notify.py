@@ -9,6 +9,8 @@ from collections.abc import Callable, Collection
 import psycopg
 from tenacity import AsyncRetrying, wait_exponential
 
+from .faults import translated
+
 log = logging.getLogger(__name__)
 
 CHANNELS = ("cyclone_available", "cyclone_run_ended", "cyclone_schedules")
@@ -85,9 +87,10 @@ class Notifier:
         return channel
 
     async def _connect(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
-        for channel in CHANNELS:
-            await conn.execute(f"LISTEN {channel}")
+        with translated():
+            conn = await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True)
+            for channel in CHANNELS:
+                await conn.execute(f"LISTEN {channel}")
         return conn
 
     def _fire(self, channel: str, payload: str = "") -> None:
@@ -125,7 +128,7 @@ class Notifier:
         arrived and fires each notification in it. psycopg's `notifies()` makes a future, a
         timer and a reader for each notification it waits for: 130 µs of the server's CPU
         each on a slow machine, for a notification that every results batch ending runs
-        sends (docs/benchmarks.md, fifteenth pass)."""
+        sends (docs/benchmarks.md)."""
         loop = asyncio.get_running_loop()
         pgconn = conn.pgconn
         encoding = conn.info.encoding

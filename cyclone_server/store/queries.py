@@ -19,4 +19,4 @@ def _parse(text: str) -> dict[str, str]:
     return out
 
 
-Q: dict[str, str] = _parse(resources.files("cyclone_server").joinpath("sql", "queries.sql").read_text())
+Q: dict[str, str] = _parse(resources.files("cyclone_server.store").joinpath("sql", "queries.sql").read_text())

@@ -2,7 +2,7 @@
 
 Taking a connection from psycopg_pool and giving it back, and making a cursor on it, cost
 the server about 35 µs of CPU per statement, on top of the 45 to 50 µs that psycopg
-spends on a trivial statement itself (docs/benchmarks.md, fifteenth pass). Under load the
+spends on a trivial statement itself (docs/benchmarks.md). Under load the
 server runs its statements one after another (a batch of jobs, a claim, a batch of
 results), so a connection that has just served one is kept, with its cursors, for the
 next: a free list in front of the pool.

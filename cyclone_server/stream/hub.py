@@ -16,12 +16,17 @@ import grpc
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
 
-from . import definitions, tracing
-from .convert import to_duration
-from .dispatch import HANDBACK_QUIET, Dispatcher, End, HeldLease, LeaseKey, ResultCommitter, WorkerConn, ack, to_result
-from .engine import Engine, parse_id
-from .errors import CycloneError
-from .notify import Notifier
+from cyclone_server import definitions, tracing
+from cyclone_server.convert import to_duration
+from cyclone_server.errors import CycloneError
+from cyclone_server.records import parse_id
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
+
+from .committer import ResultCommitter
+from .conn import HANDBACK_QUIET, End, HeldLease, LeaseKey, WorkerConn
+from .dispatcher import Dispatcher
+from .wire import ack, to_result
 
 log = logging.getLogger(__name__)
 

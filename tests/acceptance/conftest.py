@@ -20,8 +20,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_proto import runs_pb2_grpc, workflows_pb2_grpc
+from cyclone_worker import Client
 
 READY_DEADLINE = 60.0
 STOP_DEADLINE = 30.0
@@ -152,6 +153,13 @@ def wf(channel: grpc.aio.Channel) -> workflows_pb2_grpc.WorkflowsStub:
 @pytest.fixture
 def runs(channel: grpc.aio.Channel) -> runs_pb2_grpc.RunsStub:
     return runs_pb2_grpc.RunsStub(channel)
+
+
+@pytest.fixture
+async def client(server: ServerProc) -> AsyncIterator[Client]:
+    """The SDK's client on the test's server."""
+    async with Client(server.address) as c:
+        yield c
 
 
 @pytest.fixture

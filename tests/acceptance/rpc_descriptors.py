@@ -14,7 +14,7 @@ from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
-from cyclone_server.app import SERVICE_NAMES
+from cyclone_server.serve.app import SERVICE_NAMES
 
 DURATION, TIMESTAMP = "google.protobuf.Duration", "google.protobuf.Timestamp"
 # JSON payloads: generated as values, not walked as messages.

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone_server.convert import py_to_value, to_timestamp, value_to_py
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
 

@@ -21,6 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from cyclone_server import auth
+from cyclone_server.serve import settings
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workers_pb2_grpc, workflows_pb2, workflows_pb2_grpc)
 from cyclone_proto import schedules_pb2, schedules_pb2_grpc
@@ -90,7 +91,7 @@ def _server_args(*argv: str) -> Any:
     import argparse
     parser = argparse.ArgumentParser()
     parser.add_argument("--listen", default="127.0.0.1:0")
-    auth.add_arguments(parser)
+    settings.add(parser, groups=["security"])
     return parser.parse_args(list(argv))
 
 

@@ -20,12 +20,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_worker import Client, Context, CycloneClientError, Reconnect, Worker, Workflow
 from test_auth import TOKENS, TOKENS_TEXT, certs  # noqa: F401  (certs: the session fixture)
 
 DEADLINE = 60.0
-CLI = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+CLI = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
 OK = "OK"
 SUBMIT_ACTIONS = {"register", "get_workflow", "list_workflows", "submit", "enqueue", "get", "list", "wait", "signal"}
 ADMIN_ACTIONS = {"cancel", "pause", "resume", "retry", "retry_all", "purge", "stats"}

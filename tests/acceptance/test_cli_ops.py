@@ -22,10 +22,10 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 
-ENTRY = "import sys; from cyclone_server.cli_ops import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
 ETL = [types_pb2.Node(id="extract"), types_pb2.Node(id="load", deps=["extract"], max_attempts=1)]
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from test_cli_ops import ENTRY, cli, step
 
-from cyclone_server import cli as cyclone_cli
-from cyclone_server.engine import Engine
+from cyclone_server.cli import main as cyclone_cli
+from cyclone_server.store.engine import Engine
 
 ETL_YAML = """\
 name: etl
@@ -107,7 +107,7 @@ async def test_submit_wait_and_enqueue_with_job_options(server: Any, engine: Eng
 
 
 async def test_version_address_default_port_and_a_closed_pipe(server: Any, engine: Engine) -> None:
-    version = subprocess.run([sys.executable, "-c", ENTRY.replace("cli_ops", "cli"), "--version"],
+    version = subprocess.run([sys.executable, "-c", ENTRY, "--version"],
                              capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.startswith("cyclone-workflows ")
     # No port: the default one (7233), which the error names when nothing answers there.

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_worker import Client, Context, Worker, Workflow
 
 from console_helpers import ADMIN_TOKEN, SUBMIT_TOKEN, start_console_server

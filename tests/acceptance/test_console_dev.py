@@ -13,13 +13,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-from cyclone_server.cli import DEV_HTTP_LISTEN
+from cyclone_server.cli.main import DEV_HTTP_LISTEN
 
 
 def test_cyclone_dev_prints_and_serves_the_console(tmp_path: Path) -> None:
     assert DEV_HTTP_LISTEN == "127.0.0.1:8233"  # the documented default
     # Port 0 here: the default port may be taken on a shared machine.
-    proc = subprocess.Popen([sys.executable, "-c", "from cyclone_server.cli import main; raise SystemExit(main())",
+    proc = subprocess.Popen([sys.executable, "-c", "from cyclone_server.cli.main import main; raise SystemExit(main())",
                              "dev", "--data-dir", str(tmp_path / "pg"), "--listen", "127.0.0.1:0",
                              "--http-listen", "127.0.0.1:0", "--no-worker"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

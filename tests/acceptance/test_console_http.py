@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import aiohttp
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 from console_helpers import (ADMIN_TOKEN, SUBMIT_TOKEN, WORKER_TOKEN, csrf_of, http_url, node_states,
                              start_console_server)

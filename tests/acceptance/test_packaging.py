@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MUST_SHIP = ["cyclone_server/sql/queries.sql", "cyclone_server/sql/migrations/0001_schema.sql",
-             "cyclone_server/sql/functions/10_core.sql", "cyclone_worker/py.typed", "cyclone_proto/py.typed",
+MUST_SHIP = ["cyclone_server/store/sql/queries.sql", "cyclone_server/store/sql/migrations/0001_schema.sql",
+             "cyclone_server/store/sql/functions/10_core.sql", "cyclone_worker/py.typed", "cyclone_proto/py.typed",
              "cyclone_proto/runs_pb2.pyi"]
 
 WORKER = textwrap.dedent("""

@@ -12,8 +12,6 @@ from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
-import pytest
-
 from cyclone_worker import CancelBranch, Client, Context, Permanent, Worker, Workflow
 
 from waits_helpers import DEADLINE, cancelled, ended, run_when, states, until
@@ -22,12 +20,6 @@ from waits_helpers import DEADLINE, cancelled, ended, run_when, states, until
 # machine. Below the ~1.5 s the waits ran before the pause, so a wait that restarted from
 # its full duration at Resume would fail the check as surely as one that ran on while paused.
 TOLERANCE = 1.0
-
-
-@pytest.fixture
-async def client(server: Any) -> Any:
-    async with Client(server.address) as c:
-        yield c
 
 
 async def test_pause_during_each_kind_of_wait_keeps_the_time_left_and_holds_signals_until_resume(

@@ -253,7 +253,7 @@ def documented_cli_lines() -> list[str]:
 
 
 def test_every_documented_cli_line_runs(server) -> None:
-    entry = "import sys; from cyclone_server.cli import main; sys.exit(main(sys.argv[1:]))"
+    entry = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "CYCLONE_ADDRESS": server.address, "COLUMNS": "200"}
     lines = documented_cli_lines()
     assert len(lines) >= 8

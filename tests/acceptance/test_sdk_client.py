@@ -15,12 +15,6 @@ from cyclone_worker import (Client, Context, CycloneClientError, Job, Permanent,
 DEADLINE = 60.0
 
 
-@pytest.fixture
-async def client(server: Any) -> Any:
-    async with Client(server.address) as c:
-        yield c
-
-
 async def test_register_is_idempotent_and_versions_changes(client: Client) -> None:
     first = await client.register(Workflow("etl").task("extract").task("load", deps=["extract"]))
     again = await client.register(Workflow("etl").task("extract").task("load", deps=["extract"]))

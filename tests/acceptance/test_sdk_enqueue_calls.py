@@ -18,7 +18,8 @@ import grpc
 import psycopg
 import pytest
 
-from cyclone_server.app import CycloneServer, Settings
+from cyclone_server.serve.app import CycloneServer
+from cyclone_server.serve.settings import Settings
 from cyclone_server.auth import TokenAuthInterceptor
 from cyclone_worker import Client, CycloneClientError
 

@@ -14,12 +14,6 @@ from cyclone_worker import (CancelBranch, Client, Context, Permanent, RetryAfter
 from waits_helpers import DEADLINE, until
 
 
-@pytest.fixture
-async def client(server: Any) -> Any:
-    async with Client(server.address) as c:
-        yield c
-
-
 async def test_a_dag_of_eleven_nodes_completes_and_children_see_parent_outputs(server: Any, client: Client) -> None:
     fan = [f"f{i}" for i in range(6)]
     wf = Workflow("dag").task("start")

@@ -11,7 +11,7 @@ import grpc
 
 from cyclone_proto import admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc
 from cyclone_proto import workers_pb2 as pb
-from cyclone_server.engine import MAX_ERROR_DETAILS_BYTES
+from cyclone_server.records import MAX_ERROR_DETAILS_BYTES
 from cyclone_worker import Client, Context, StepLogFilter, Worker
 
 from test_cli_ops import cli

@@ -16,7 +16,7 @@ from google.protobuf import duration_pb2, struct_pb2
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2, workflows_pb2_grpc
 from cyclone_proto import workers_pb2 as pb
 from cyclone_proto import workers_pb2_grpc
-from cyclone_server.dispatch import HANDBACK_QUIET
+from cyclone_server.stream.conn import HANDBACK_QUIET
 
 from waits_helpers import until
 
@@ -294,7 +294,7 @@ async def test_a_hand_back_is_answered_with_a_ping_and_a_worker_that_carries_on_
         db_url, start_server) -> None:
     """After a zero-delay snooze the server pings the worker at once (heartbeats come every
     lease_ttl / 3, 20 s here): a worker that carries on answers, which ends the quiet, and
-    its snoozed step, due at once, comes back to it (DECISIONS 3b) within that round trip."""
+    its snoozed step, due at once, comes back to it (docs/lifecycle.md, "Due steps are leased within 50 ms") within that round trip."""
     srv = start_server(db_url, lease_ttl=60)
     async with one_lease(srv.address) as (_, _, w, lease):
         await w.send(pb.StepResult(step_id=lease.step_id, lease_generation=lease.lease_generation,

@@ -1,4 +1,4 @@
-"""The worker stream's strict edges (DECISIONS 3b): one ack per result, no answer that keeps a
+"""The worker stream's strict edges (docs/lifecycle.md, "One status per result"): one ack per result, no answer that keeps a
 lease alive forever, nothing a worker sends ends its stream but a protocol violation."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_worker import Context, Worker
 from cyclone_proto import types_pb2
 from cyclone_proto import workers_pb2 as pb

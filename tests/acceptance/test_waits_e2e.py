@@ -15,16 +15,10 @@ import grpc
 import pytest
 from psycopg.rows import dict_row
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_worker import CancelBranch, Client, Context, CycloneClientError, Permanent, Worker, Workflow
 
 from waits_helpers import DEADLINE, ended, run_when, states
-
-
-@pytest.fixture
-async def client(server: Any) -> Any:
-    async with Client(server.address) as c:
-        yield c
 
 
 async def test_child_node_waits_for_its_child_run_and_completes_with_its_result(server: Any, client: Client) -> None:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 Row = dict[str, Any]
 
@@ -134,6 +134,20 @@ async def claim_one(engine: Engine, kind: str, *, owner: str = "w1", ttl: float 
     leases = await engine.claim(owner, [kind], limit=10, lease_ttl=ttl)
     assert len(leases) == 1, leases
     return leases[0]
+
+
+async def finish(engine: Engine, kind: str, output: object = None) -> Row:
+    """Claim the one step of `kind` and complete it (applied); returns its lease."""
+    lease = await claim_one(engine, kind)
+    assert await engine.complete(lease["step_id"], lease["lease_generation"], output) == "applied"
+    return lease
+
+
+async def discard(engine: Engine, kind: str) -> Row:
+    """Claim the one step of `kind` and fail it permanently (discarded); returns its lease."""
+    lease = await claim_one(engine, kind)
+    assert await engine.fail(lease["step_id"], lease["lease_generation"], "no", permanent=True) == "discarded"
+    return lease
 
 
 async def expire_lease(conn: psycopg.AsyncConnection, step_id: Any) -> None:

@@ -1,4 +1,4 @@
-"""A pure-Python model of "Lifecycle of a Run" (the spec) and DECISIONS 3 / 3b.
+"""A pure-Python model of the lifecycle in docs/lifecycle.md, with its choices where the lifecycle is open.
 
 It is a second statement of the document, written from it rather than from the SQL, and
 test_model.py checks the engine against it after every action. It covers task, sleep,
@@ -51,7 +51,7 @@ class Model:
 
     def _attach(self, run: Run, step: Step) -> None:
         """A child node starts waiting: it starts its child run in the same transaction, or,
-        retried, reuses the one it has (DECISIONS 3b): a completed one gives its result (the
+        retried, reuses the one it has (docs/lifecycle.md, "Reopened child runs"): a completed one gives its result (the
         child scanner ends the node), a failed one reopens, a cancelled one is replaced."""
         child = self.runs.get(step.child_run or "")
         if child is not None and child.state != "cancelled":
@@ -111,7 +111,7 @@ class Model:
 
     def _deliver(self, run: Run) -> None:
         """The signal node that started waiting first takes the oldest signal of its name
-        (DECISIONS 3b); each signal is consumed once. Not in a paused run."""
+        (docs/lifecycle.md, "Signals"); each signal is consumed once. Not in a paused run."""
         while run.state == "running":
             names = [name for name, _ in run.mailbox]
             waiting = [s for s in run.steps.values() if s.state == "waiting_signal" and s.node.signal in names]
@@ -298,7 +298,7 @@ class Model:
 
     def retry(self, run_id: str, node: str | None) -> bool | str:
         """Reopen one discarded node, or all of them (a running, paused or failed run). A
-        child run reopens only while its parent node still waits for it (DECISIONS 3b: else
+        child run reopens only while its parent node still waits for it (docs/lifecycle.md, "Reopened child runs": else
         the Retry of that node is what reopens it)."""
         self._tick()
         run = self.runs[run_id]

@@ -17,7 +17,8 @@ from engine_helpers import db_now, expire_lease, fetch, fetch_one, task, violati
 from psycopg.types.json import Jsonb
 
 from cyclone_server import definitions
-from cyclone_server.engine import Engine, Result
+from cyclone_server.records import Result
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition, NotFound
 
 pytestmark = pytest.mark.statemachine

@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import claim_one, run_row, snapshot, start, states, step, steps, task, violations
+from engine_helpers import (claim_one, discard, finish, run_row, snapshot, start, states, step, steps, task,
+                            violations)
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition, NotFound
 
 pytestmark = pytest.mark.statemachine
 
 CB = {"on_dep_failure": "cancel_branch"}
-
-
-async def discard(engine: Engine, node: str) -> dict:
-    lease = await claim_one(engine, node)
-    assert await engine.fail(lease["step_id"], lease["lease_generation"], "no", permanent=True) == "discarded"
-    return lease
-
-
-async def finish(engine: Engine, node: str, output: object = None) -> dict:
-    lease = await claim_one(engine, node)
-    assert await engine.complete(lease["step_id"], lease["lease_generation"], output) == "applied"
-    return lease
 
 
 async def test_diamond_discard_fails_fast(engine: Engine, conn) -> None:

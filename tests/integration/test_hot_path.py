@@ -17,8 +17,10 @@ import pytest
 from engine_helpers import (Row, claim_one, fetch, fetch_one, log_plans, nested_plans, plan_nodes, run_row, start,
                             states, step, task, wide_nodes)
 
-from cyclone_server.engine import Engine, Job, Result
-from cyclone_server.queries import Q
+from cyclone_server.records import Job, Result
+
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.queries import Q
 
 pytestmark = pytest.mark.statemachine
 

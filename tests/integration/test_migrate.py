@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from cyclone_server import migrate as migrate_module
+from cyclone_server.store import migrate as migrate_module
 from cyclone_server.errors import MigrationError
-from cyclone_server.migrate import SqlFile, functions, migrate, migrations
+from cyclone_server.store.migrate import SqlFile, functions, migrate, migrations
 
 
 def expected_names() -> list[str]:
@@ -154,3 +154,26 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     assert all(name in expected_names() for name in applied)
     # The same functions as a database made fresh by this version: none left behind.
     assert _functions_of(empty_db_url) == _functions_of(db_url)
+
+
+def test_a_migration_reworded_in_its_comments_is_taken_as_applied(empty_db_url: str, use_files,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # A migration's comments were reworded after it landed (migrate.REWORDED lists the
+    # checksums of its earlier texts): a database that applied the earlier text records
+    # the new one and applies nothing again; any other edit is still refused.
+    before = fake("0002_t.sql", "-- an old comment\nCREATE TABLE t (id int);")
+    after = fake("0002_t.sql", "-- a new comment\nCREATE TABLE t (id int);")
+    use_files([fake("0001_log.sql", _LOG), before])
+    migrate(empty_db_url)
+    monkeypatch.setitem(migrate_module.REWORDED, "0002_t.sql", frozenset({before.checksum}))
+    use_files([fake("0001_log.sql", _LOG), after])
+    assert migrate(empty_db_url) == []
+    assert recorded(empty_db_url)["0002_t.sql"] == after.checksum
+    use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id bigint);")])
+    with pytest.raises(MigrationError, match=re.escape("0002_t.sql")):
+        migrate(empty_db_url)
+
+
+def test_the_landed_rewording_of_0003_is_accepted() -> None:
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_396a624" / "migrations" / "0003_kinds_scheduled.sql"
+    assert SqlFile(landed.name, landed.read_text()).checksum in migrate_module.REWORDED[landed.name]

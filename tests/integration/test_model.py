@@ -29,7 +29,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from model_lifecycle import Model
 from model_runs import REFUSED, Node, Step
 
-from cyclone_server.engine import Engine, Result
+from cyclone_server.records import Result
+
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition
 
 pytestmark = pytest.mark.statemachine

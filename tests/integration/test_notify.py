@@ -11,8 +11,12 @@ import psycopg
 import pytest
 from engine_helpers import claim_one, start, task, until
 
-from cyclone_server.engine import ANNOUNCE_GAP, Engine, Result
-from cyclone_server.notify import Notifier
+from cyclone_server.records import Result
+
+from cyclone_server.store.core import ANNOUNCE_GAP
+
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
 
 
 @pytest.fixture
@@ -224,7 +228,7 @@ async def test_an_announce_token_is_never_the_sql_functions_empty_payload(db_url
 
 
 async def test_run_end_watch_wakes_each_waiter_with_one_query_per_check(notifier: Notifier, engine: Engine) -> None:
-    from cyclone_server.run_waits import RunEndWatch
+    from cyclone_server.api.run_waits import RunEndWatch
 
     watch = RunEndWatch(engine, notifier, recheck=30)  # only notifications (and arrivals) trigger checks
     run_ids = [(await engine.enqueue("k", input=i))[0] for i in range(60)]

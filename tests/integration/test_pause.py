@@ -5,21 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from engine_helpers import (claim_one, close_to, db_now, expire_lease, run_row, snapshot, start, states, step,
-                            steps, task, violations)
+from engine_helpers import (claim_one, close_to, db_now, expire_lease, finish, run_row, snapshot, start, states,
+                            step, steps, task, violations)
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition
 
 pytestmark = pytest.mark.statemachine
 
 WAITS = [task("avail"), task("sig", type="signal", max_wait=900), task("nap", type="sleep", sleep=600),
          task("kid", type="child", workflow="sub", max_wait=900)]
-
-
-async def finish(engine: Engine, kind: str, output: object = None) -> None:
-    lease = await claim_one(engine, kind)
-    assert await engine.complete(lease["step_id"], lease["lease_generation"], output) == "applied"
 
 
 async def test_pause_moves_available_and_waiting_steps_only(engine: Engine, conn) -> None:

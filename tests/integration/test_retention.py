@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import claim_one, fetch, fetch_one, start, step, task
+from engine_helpers import claim_one, fetch, fetch_one, finish, start, step, task
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 pytestmark = pytest.mark.statemachine
 
 DAY = 86400.0
-
-
-async def finish(engine: Engine, kind: str) -> None:
-    lease = await claim_one(engine, kind)
-    await engine.complete(lease["step_id"], lease["lease_generation"], None)
 
 
 async def age(conn, run_id: str, seconds: float) -> None:

@@ -1,4 +1,4 @@
-"""Retry and RetryAll (DECISIONS 3 and 3b): what reopens, with which counters, and when it is refused."""
+"""Retry and RetryAll (docs/lifecycle.md, "Retry and RetryAll"): what reopens, with which counters, and when it is refused."""
 
 from __future__ import annotations
 
@@ -8,25 +8,15 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from engine_helpers import (claim_one, db_now, expire_lease, fetch, make_due, run_row, snapshot, start, states, step,
-                            steps, task, violations)
+from engine_helpers import (claim_one, db_now, discard, expire_lease, fetch, finish, make_due, run_row, snapshot,
+                            start, states, step, steps, task, violations)
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition
 
 pytestmark = pytest.mark.statemachine
 
 CB = {"on_dep_failure": "cancel_branch"}
-
-
-async def discard(engine: Engine, node: str) -> None:
-    lease = await claim_one(engine, node)
-    assert await engine.fail(lease["step_id"], lease["lease_generation"], "no", permanent=True) == "discarded"
-
-
-async def finish(engine: Engine, node: str, output: object = None) -> None:
-    lease = await claim_one(engine, node)
-    assert await engine.complete(lease["step_id"], lease["lease_generation"], output) == "applied"
 
 
 async def test_retry_of_a_failed_run_reopens_the_discard_and_what_it_cancelled(engine: Engine, conn) -> None:

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import AlreadyExists, InvalidArgument, NotFound
 from cyclone_server.schedule_spec import ScheduleSettings, Spec
-from cyclone_server.scheduler import Scheduler
+from cyclone_server.serve.scheduler import Scheduler
 
 HOUR = Spec(every=3600)
 

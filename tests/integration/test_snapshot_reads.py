@@ -1,4 +1,4 @@
-"""Reads are snapshots (DECISIONS 3b): GetRun, ListRuns with steps and WaitRun never show a
+"""Reads are snapshots (docs/lifecycle.md): GetRun, ListRuns with steps and WaitRun never show a
 run whose state contradicts its steps, however transitions race with them.
 
 Writers drive runs through completions, pauses, fail-fast and child runs while readers
@@ -19,8 +19,9 @@ from engine_helpers import task
 from google.protobuf import duration_pb2
 
 from cyclone_server import convert
-from cyclone_server.app import CycloneServer, Settings
-from cyclone_server.engine import Engine
+from cyclone_server.serve.app import CycloneServer
+from cyclone_server.serve.settings import Settings
+from cyclone_server.store.engine import Engine
 from cyclone_proto import runs_pb2, runs_pb2_grpc, types_pb2
 
 pytestmark = pytest.mark.statemachine

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from engine_helpers import claim_one, fetch_one, run_row, start, states, step, task
 
-from cyclone_server.engine import Engine, Result
+from cyclone_server.records import Result
+
+from cyclone_server.store.engine import Engine
 
 pytestmark = pytest.mark.statemachine
 

@@ -1,7 +1,7 @@
 """cyclone_v_kinds: per-kind counts and the oldest available age, read from an index.
 
 `available` counts only what is claimable now; a step waiting for a future scheduled_at
-(backoff, snooze, Enqueue.scheduled_at) is `scheduled`, not backlog (DECISIONS 3b).
+(backoff, snooze, Enqueue.scheduled_at) is `scheduled`, not backlog (docs/lifecycle.md, "Backlog and scheduled").
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from engine_helpers import claim_one, db_now, fetch, fetch_one, plan_nodes
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 pytestmark = pytest.mark.statemachine
 

@@ -1,4 +1,4 @@
-"""Strict edges of the engine (DECISIONS 3b): the backoff's first delay, one status per result,
+"""Strict edges of the engine (docs/lifecycle.md, "Choices where the lifecycle is open"): the backoff's first delay, one status per result,
 the effects of an action visible when its call returns, messages never refused for their text,
 and the dispatcher's wake-up at the next due time and its pace for a worker it caught up with."""
 
@@ -16,9 +16,11 @@ import psycopg
 import pytest
 from engine_helpers import claim_one, run_row, start, states, step, task, until
 
-from cyclone_server import dispatch
-from cyclone_server.dispatch import MAX_LOCKED_WAIT, MIN_DUE_WAIT, Dispatcher, WorkerConn
-from cyclone_server.engine import Engine, Job, Result
+from cyclone_server.stream import dispatcher as dispatch
+from cyclone_server.stream.conn import WorkerConn
+from cyclone_server.stream.dispatcher import MAX_LOCKED_WAIT, MIN_DUE_WAIT, Dispatcher
+from cyclone_server.records import Job, Result
+from cyclone_server.store.engine import Engine
 
 pytestmark = pytest.mark.statemachine
 

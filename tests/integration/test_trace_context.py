@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import psycopg
 
-from cyclone_server.engine import Engine, Job
+from cyclone_server.records import Job
+
+from cyclone_server.store.engine import Engine
 from engine_helpers import fetch, run_row, start, task
 
 CTX = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "congo=t61rcWkgMzE"}

@@ -6,7 +6,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from cyclone_server.engine import Engine, Result
+from cyclone_server.records import Result
+
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition, NotFound
 
 from engine_helpers import (claim_one, db_now, expire_lease, fetch, make_due, run_row, snapshot, start, step,
@@ -112,7 +114,7 @@ async def test_retryable_failure_goes_back_to_available_after_backoff(engine: En
     assert changed(before, after) == {"state", "attempt", "scheduled_at", "errors", "attempt_deadline"}
     assert (after["state"], after["attempt"], after["reclaims"]) == ("available", 2, 0)
     assert after["errors"][0]["attempt"] == 1 and after["errors"][0]["message"] == "boom"
-    # The delay after the n-th failed execution is initial * 2^(n-1) (DECISIONS 3): the
+    # The delay after the n-th failed execution is initial * 2^(n-1) (docs/lifecycle.md, "Retries and backoff"): the
     # first retry waits backoff_initial, 10 s, +-10%.
     assert 9.0 <= (after["scheduled_at"] - last_error_at(after)).total_seconds() <= 11.0
     assert await engine.claim("w", ["a"], 10, 30) == []  # not claimable before scheduled_at

@@ -5,25 +5,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from engine_helpers import (claim_one, db_now, fetch, run_row, start, states, step, steps, sweep_until_run, task,
-                            violations)
+from engine_helpers import (claim_one, db_now, discard, fetch, finish, run_row, start, states, step, steps,
+                            sweep_until_run, task, violations)
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 from cyclone_server.errors import FailedPrecondition
 
 pytestmark = pytest.mark.statemachine
 
 CB = {"on_dep_failure": "cancel_branch"}
-
-
-async def finish(engine: Engine, kind: str, output: object = None) -> None:
-    lease = await claim_one(engine, kind)
-    assert await engine.complete(lease["step_id"], lease["lease_generation"], output) == "applied"
-
-
-async def discard(engine: Engine, kind: str) -> None:
-    lease = await claim_one(engine, kind)
-    assert await engine.fail(lease["step_id"], lease["lease_generation"], "no", permanent=True) == "discarded"
 
 
 async def discard_all(engine: Engine, kind: str, count: int) -> None:
@@ -114,7 +104,7 @@ async def test_retry_of_a_child_node_reuses_its_child_run(engine: Engine, conn) 
     assert (await run_row(conn, run_id))["state"] == "failed"
     await engine.retry(run_id, "kid")
     # Retry: discarded -> pending (the table's row) and, in the same transaction, the node
-    # starts waiting on its child run again, which is reopened (DECISIONS 3b): no scanner pass.
+    # starts waiting on its child run again, which is reopened (docs/lifecycle.md, "Reopened child runs"): no scanner pass.
     assert await states(conn, run_id) == {"kid": "waiting_child", "b": "available"}
     assert (await run_row(conn, run_id))["state"] == "running"
     assert (await child_of(conn, run_id, "kid"), (await run_row(conn, child))["state"]) == (child, "running")

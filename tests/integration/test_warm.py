@@ -12,8 +12,8 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg_pool import AsyncConnectionPool
 from engine_helpers import until
 
-from cyclone_server.engine import Engine
-from cyclone_server.warm import WarmConnections
+from cyclone_server.store.engine import Engine
+from cyclone_server.store.warm import WarmConnections
 
 PID = "SELECT pg_backend_pid() AS pid"
 

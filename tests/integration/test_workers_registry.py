@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from cyclone_server.engine import Engine
+from cyclone_server.store.engine import Engine
 
 
 def row(worker_id: str, conn_id: str, *, kinds: list[str], slots: int = 4, held: int = 0) -> dict[str, Any]:

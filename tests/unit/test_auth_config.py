@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from cyclone_server import auth
+from cyclone_server.serve import settings
 from cyclone_proto import admin_pb2, runs_pb2, schedules_pb2, workers_pb2, workflows_pb2
 
 W = "w" * 20  # tokens of 20 characters
@@ -123,7 +124,7 @@ def test_require_safe_listen() -> None:
 def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--listen", default="127.0.0.1:7233")
-    auth.add_arguments(parser)
+    settings.add(parser, groups=["security"])
     return parser.parse_args(list(argv))
 
 

@@ -9,7 +9,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from cyclone_server import convert, definitions
+from cyclone_server import convert
+
+from cyclone_server import definitions
 from cyclone_server.errors import InvalidArgument
 from cyclone_proto import runs_pb2, types_pb2
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from cyclone_server.metrics import Metrics, Snapshot
+from cyclone_server.serve.metrics import Metrics, Snapshot
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERIES = re.compile(r"\b((?:cyclone|process)_[a-z_]+)\b")

@@ -14,7 +14,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from cyclone_server import auth, cli, metrics
+from cyclone_server import auth
+
+from cyclone_server.cli import main as cli
+
+from cyclone_server.listen import split_host_port
+from cyclone_server.serve import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -55,12 +60,7 @@ def test_the_validator_rejects_a_wrong_manifest() -> None:
 
 def _server_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    cli.add_server_flags(parser)
-    for extra in (auth.add_arguments, metrics.add_arguments):
-        try:
-            extra(parser)
-        except argparse.ArgumentError:  # already added by the lead's wiring of cli.py
-            pass
+    cli.add_server_flags(parser)  # every group of the settings table, security and metrics included
     return parser
 
 
@@ -79,7 +79,8 @@ def test_deployment_shape() -> None:
         ref = env[var]["valueFrom"]["secretKeyRef"]
         assert ref["name"] == secret["metadata"]["name"] and key in secret["stringData"], var
     assert env["CYCLONE_LISTEN"]["value"] == "0.0.0.0:7233"
-    assert metrics.parse_listen(env["CYCLONE_METRICS_LISTEN"]["value"])[1] == metrics.DEFAULT_METRICS_PORT
+    metrics_port = split_host_port(env["CYCLONE_METRICS_LISTEN"]["value"], default_host="0.0.0.0")[1]
+    assert metrics_port == metrics.DEFAULT_METRICS_PORT
     _server_parser().parse_args(container["args"])  # every flag exists in cyclone-server
     # The example tokens parse, and give every role.
     tokens = auth.parse_tokens(secret["stringData"]["tokens"], "secret.yaml")
@@ -157,7 +158,7 @@ def test_compose_file() -> None:
 
 
 def test_env_vars_used_by_the_deployment_are_read_by_the_server() -> None:
-    source = "\n".join(p.read_text() for p in (ROOT / "cyclone_server").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "cyclone_server").rglob("*.py"))
     used = set(re.findall(r"\bCYCLONE_[A-Z_]+\b", "\n".join(
         p.read_text() for p in DEPLOY.rglob("*") if p.is_file())))
     assert used and {v for v in used if f'"{v}"' not in source} == set()

@@ -7,9 +7,7 @@ import socket
 import pytest
 
 from cyclone_server import listen
-from cyclone_server.app import split_listen
 from cyclone_server.auth import _listen_host
-from cyclone_server.metrics import parse_listen
 
 
 @pytest.mark.parametrize("text, want", [
@@ -17,13 +15,13 @@ from cyclone_server.metrics import parse_listen
     ("example.org:65535", ("example.org", 65535)),
 ])
 def test_host_and_port(text: str, want: tuple[str, int]) -> None:
-    assert listen.split_host_port(text) == want == split_listen(text)
+    assert listen.split_host_port(text) == want
 
 
 @pytest.mark.parametrize("bad", ["7233", "host", ":80", "host:", "host:x", "host:65536", ""])
 def test_malformed_addresses_name_the_flag(bad: str) -> None:
     with pytest.raises(ValueError, match=f"^--listen {bad!r} is not HOST:PORT$"):
-        split_listen(bad)
+        listen.split_host_port(bad, what="--listen")
 
 
 def test_a_client_address_without_a_port_means_the_default_port() -> None:
@@ -33,10 +31,12 @@ def test_a_client_address_without_a_port_means_the_default_port() -> None:
 
 
 def test_metrics_and_auth_read_addresses_with_the_same_parser() -> None:
-    assert parse_listen(":9464") == ("0.0.0.0", 9464)  # no host: every interface
-    assert parse_listen("[::1]:9464") == ("::1", 9464)
+    every = {"default_host": "0.0.0.0"}  # how --metrics-listen reads ':PORT': every interface
+    assert listen.split_host_port(":9464", **every) == ("0.0.0.0", 9464)
+    assert listen.split_host_port("[::1]:9464", **every) == ("[::1]", 9464)
+    assert listen.bare_host("[::1]") == "::1"
     with pytest.raises(ValueError, match="is not HOST:PORT"):
-        parse_listen("9464")
+        listen.split_host_port("9464", **every)
     assert _listen_host("[::1]:7233") == "[::1]" and _listen_host("localhost") == "localhost"
 
 

@@ -15,16 +15,17 @@ from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_SCRIPT = ROOT / "scripts" / "gen_proto.py"
-PROTO_NAMES = ["types", "workflows", "runs", "workers", "admin"]
+# Every file of proto/: a new one is checked (fresh, importable, commented) without a change here.
+PROTO_NAMES = sorted(p.stem for p in (ROOT / "proto" / "cyclone" / "v1").glob("*.proto"))
 
-# The services and RPCs of DECISIONS.md section 2: renaming or dropping one breaks
+# The services and RPCs of docs/lifecycle.md, "Public names": renaming or dropping one breaks
 # every worker and client in every language.
 SERVICES = {
     "Workflows": {"RegisterWorkflow", "GetWorkflow", "ListWorkflows"},
     "Runs": {
         "SubmitRun",
         "Enqueue",
-        "EnqueueMany",  # added to DECISIONS' list: one call and one commit for many jobs
+        "EnqueueMany",  # beside the lifecycle's own names: one call and one commit for many jobs
         "GetRun",
         "ListRuns",
         "WaitRun",
@@ -38,7 +39,13 @@ SERVICES = {
     },
     "Workers": {"Connect"},
     "Admin": {"GetStats", "ListWorkers"},
+    "Schedules": {"CreateSchedule", "GetSchedule", "ListSchedules", "UpdateSchedule", "PauseSchedule",
+                  "ResumeSchedule", "DeleteSchedule", "TriggerSchedule"},
 }
+
+
+def test_every_proto_file_is_checked() -> None:
+    assert {"types", "workflows", "runs", "workers", "admin", "schedules"} <= set(PROTO_NAMES)
 
 
 def test_generated_code_is_fresh() -> None:

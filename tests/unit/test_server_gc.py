@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from cyclone_server.cli import GC_YOUNG_THRESHOLD, collect_less
+from cyclone_server.cli.main import GC_YOUNG_THRESHOLD, collect_less
 
 
 def test_the_server_freezes_its_start_up_heap_and_collects_young_objects_less_often() -> None:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cyclone_server import cli, settings
+from cyclone_server.cli import main as cli
+
+from cyclone_server.serve import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +22,7 @@ def parser(environ: dict[str, str]) -> argparse.ArgumentParser:
 
 def test_the_operations_guide_holds_the_current_table() -> None:
     assert settings.markdown() in (ROOT / "docs" / "operations.md").read_text(), \
-        "regenerate the table of docs/operations.md with `python -m cyclone_server.settings`"
+        "regenerate the table of docs/operations.md with `python -m cyclone_server.serve.settings`"
 
 
 def test_every_server_flag_is_a_declared_setting_with_its_own_variable() -> None:

@@ -26,7 +26,7 @@ BEGIN
     RETURN encode(b, 'hex')::uuid;
 END $$;
 
--- The delay after the n-th failed execution (DECISIONS 3): min(max, initial * 2^(n-1)), so the
+-- The delay after the n-th failed execution (docs/lifecycle.md, "Retries and backoff"): min(max, initial * 2^(n-1)), so the
 -- first retry waits `initial`, with +-10% jitter that never takes it above `max`. In seconds
 -- (float) until capped: initial * 2^40 as an interval overflows for initial >= ~2 h.
 DROP FUNCTION IF EXISTS cyclone__backoff(interval, interval, integer);  -- its parameter was renamed
@@ -368,7 +368,7 @@ BEGIN
         IF FOUND THEN
             IF cr.state = 'completed' THEN
                 -- A retried node takes the result of its completed child run at once, in the
-                -- Retry's transaction (DECISIONS 3b).
+                -- Retry's transaction (docs/lifecycle.md, "Reopened child runs").
                 PERFORM cyclone__wait_complete(p_run_id, p_step_id, 'waiting_child', cr.result);
                 RETURN;
             ELSIF cr.state = 'failed' THEN

@@ -227,7 +227,7 @@ BEGIN
            scheduled_at = now() + COALESCE(p_retry_delay,
                                            cyclone__backoff(backoff_initial, backoff_max, attempt)),
            attempt = attempt + 1,
-           -- A retried attempt timeout shows on the step (DECISIONS: error_kind = "timeout").
+           -- A retried attempt timeout shows on the step (error_kind = "timeout": docs/lifecycle.md, "Run deadline and attempt timeout").
            error_kind = CASE WHEN p_error_kind = 'timeout' THEN 'timeout' ELSE error_kind END,
            attempt_deadline = NULL
      WHERE id = p_step_id;

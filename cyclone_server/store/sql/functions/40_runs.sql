@@ -210,7 +210,7 @@ END $$;
 
 -- A child run may run again only while its parent node still waits for it: once that node
 -- ended (discarded, cancelled), the child run belongs to a closed node, and the Retry of that
--- node is what reopens it (DECISIONS 3b). The parent run is locked first (lock order), so
+-- node is what reopens it (docs/lifecycle.md, "Reopened child runs"). The parent run is locked first (lock order), so
 -- the parent's scanner cannot end the node between this check and the reopen.
 CREATE OR REPLACE FUNCTION cyclone_run_retry(p_run_id uuid, p_node text, p_deadline timestamptz DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql AS $$

@@ -1,6 +1,6 @@
 -- cyclone_v_kinds counted as available the steps waiting for a future scheduled_at (a
--- backoff, a snooze, Enqueue's scheduled_at): they are not backlog (DECISIONS 3b, "Backlog
--- figures"). Now `available` counts only the steps claimable now (scheduled_at reached, as
+-- backoff, a snooze, Enqueue's scheduled_at): they are not backlog (docs/lifecycle.md, "Backlog
+-- and scheduled"). Now `available` counts only the steps claimable now (scheduled_at reached, as
 -- cyclone_steps_claim asks) and `scheduled` the others. The kinds listed are unchanged
 -- (those with available or running steps, scheduled ones included).
 -- Still all from cyclone_steps_active_kind (kind, state, scheduled_at), with the same scans.

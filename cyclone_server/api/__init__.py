@@ -1,0 +1,1 @@
+"""The unary gRPC services: Workflows, Runs, Schedules and Admin."""

@@ -1,0 +1,1 @@
+"""The `cyclone` and `cyclone-server` commands; operator commands reach a server over gRPC only."""

@@ -1,0 +1,1 @@
+"""Assembles a server process: settings, the gRPC server, metrics, background work and processes."""

@@ -1,0 +1,48 @@
+"""How errors of Postgres and of the driver become Cyclone's own errors, so that no package above the store sees psycopg.
+
+- A SQLSTATE that a SQL function raises on purpose (CY400, ...) becomes its error of
+  SQLSTATE_ERRORS, with the function's message.
+- A lost or unreachable connection, a pool that has none to give, a deadlock or a
+  serialization failure (psycopg's OperationalError) becomes `Unavailable`: the
+  statement may be tried again; for a commit, its fate is unknown.
+- A value Postgres (or psycopg, before sending it) cannot take (DataError) becomes
+  `InvalidArgument`: it is the caller's input.
+- Anything else becomes `DatabaseError` (INTERNAL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from cyclone_server.errors import SQLSTATE_ERRORS, CycloneError, DatabaseError, InvalidArgument, Unavailable
+
+
+def translate(e: psycopg.Error | PoolTimeout) -> CycloneError:
+    """The CycloneError that stands for `e` (the driver's error stays its __cause__)."""
+    if isinstance(e, PoolTimeout):
+        return Unavailable()
+    message = e.diag.message_primary or str(e)
+    cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
+    if cls is not None:
+        return cls(message)
+    if isinstance(e, psycopg.OperationalError):
+        return Unavailable()
+    if isinstance(e, psycopg.DataError):
+        return InvalidArgument(f"invalid value: {message}")
+    return DatabaseError(message)
+
+
+@contextlib.contextmanager
+def translated() -> Iterator[None]:
+    """Raise a database error inside the block as its CycloneError (`translate`)."""
+    try:
+        yield
+    except (psycopg.Error, PoolTimeout) as e:
+        raise translate(e) from e
+
+
+__all__ = ["translate", "translated"]
