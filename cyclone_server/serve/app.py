@@ -212,7 +212,8 @@ class CycloneServer:
             for status, n in hub.stats["fenced_results"].items():
                 m.mirror(m.fenced_results_total, n, status=status)
             m.mirror(m.stream_reconnects_total, hub.stats["reconnects"])
-            m.mirror(m.reclaims_total, bg.counts.get("leases_sweep", 0))
+            m.mirror(m.reclaims_total, bg.counts.get("leases_sweep", 0), how="expired")
+            m.mirror(m.reclaims_total, hub.stats["releases"], how="worker_lost")
             m.connected_workers.set(hub.connected_workers)
 
         m.add_source(refresh)

@@ -50,6 +50,7 @@ STATS_TIMEOUT = 10.0  # seconds; a scrape must answer even when Postgres does no
 # Runs are counted as ended once they finished this long ago, so that a transaction that
 # ended a run but committed a little later (finished_at is its start time) is not missed.
 RUNS_ENDED_LAG = timedelta(seconds=5)
+RECLAIM_HOWS = ("expired", "worker_lost")  # the `how` of cyclone_reclaims_total
 
 
 class StatsSource(Protocol):
@@ -185,8 +186,14 @@ class Metrics:
             "cyclone_failures_total",
             "Failed results applied; error_kind is error (retried), permanent, max_attempts or output_too_large.",
             ["kind", "error_kind"], registry=r)
-        self.reclaims_total = Counter("cyclone_reclaims_total",
-                                      "Expired leases handled by this server's recovery sweep.", registry=r)
+        self.reclaims_total = Counter(
+            "cyclone_reclaims_total",
+            "Leases this server took back from workers (the step claimable again, or discarded at its "
+            "reclaim limit), by how: expired (the recovery sweep found the lease past its expiry) or "
+            "worker_lost (the worker's stream ended before it could answer: it went silent, or it was gone "
+            "before the claimed leases could be pushed).", ["how"], registry=r)
+        for how in RECLAIM_HOWS:  # both series from the start, at 0
+            self.reclaims_total.labels(how=how)
         self.fenced_results_total = Counter("cyclone_fenced_results_total",
                                             "Results refused by the lease fence, by refusal status.", ["status"],
                                             registry=r)
@@ -331,4 +338,4 @@ async def serve_metrics(metrics: Metrics, engine: StatsSource | None, host: str 
 
 
 __all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics",
-           "CONTENT_TYPE", "DEFAULT_METRICS_PORT"]
+           "CONTENT_TYPE", "DEFAULT_METRICS_PORT", "RECLAIM_HOWS"]

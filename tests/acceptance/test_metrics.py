@@ -95,7 +95,7 @@ async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple
     metrics.count_result("email", "failed", "discarded", permanent=True)
     metrics.count_result("email", "failed", "discarded")
     metrics.count_result("email", "completed", "stale")
-    metrics.reclaims_total.inc(4)
+    metrics.reclaims_total.labels(how="expired").inc(4)
     metrics.step_duration_seconds.labels(kind="email").observe(0.2)
     metrics.queue_wait_seconds.labels(kind="email").observe(0.002)
     metrics.stream_reconnects_total.inc()
@@ -111,7 +111,8 @@ async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple
     assert samples['cyclone_failures_total{error_kind="permanent",kind="email"}'] == 1
     assert samples['cyclone_failures_total{error_kind="max_attempts",kind="email"}'] == 1
     assert samples['cyclone_fenced_results_total{status="stale"}'] == 1
-    assert samples["cyclone_reclaims_total"] == 4
+    assert samples['cyclone_reclaims_total{how="expired"}'] == 4
+    assert samples['cyclone_reclaims_total{how="worker_lost"}'] == 0
     assert samples["cyclone_stream_reconnects_total"] == 1
     assert samples["cyclone_connected_workers"] == 7
     h = "cyclone_dispatch_latency_seconds"
@@ -129,9 +130,9 @@ async def test_counters_gauge_and_histogram_in_exposition_format(endpoint: tuple
 async def test_counters_start_at_zero_and_reject_a_decrease(endpoint: tuple[Metrics, MetricsServer]) -> None:
     metrics, server = endpoint
     samples = parse((await http_get(server.port))[2])
-    assert samples["cyclone_reclaims_total"] == 0 and samples["cyclone_connected_workers"] == 0
+    assert samples['cyclone_reclaims_total{how="expired"}'] == 0 and samples["cyclone_connected_workers"] == 0
     with pytest.raises(ValueError, match="non-negative"):
-        metrics.reclaims_total.inc(-1)
+        metrics.reclaims_total.labels(how="expired").inc(-1)
     with pytest.raises(ValueError, match="label"):
         metrics.claims_total.labels(wrong="x")
 

@@ -37,9 +37,13 @@ def metrics_port(srv: Any) -> int:
 
 
 async def scrape(port: int) -> dict[str, float]:
+    """The samples, plus "cyclone_reclaims_total": the sum of its `how` series (the database
+    counts a step's reclaims, not how each came about)."""
     status, _, body = await http_get(port)
     assert status == 200
-    return parse(body)
+    samples = parse(body)
+    samples["cyclone_reclaims_total"] = sum(v for k, v in samples.items() if k.startswith("cyclone_reclaims_total{"))
+    return samples
 
 
 async def database_says(conn: psycopg.AsyncConnection) -> dict[str, float]:

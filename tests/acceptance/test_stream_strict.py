@@ -189,7 +189,7 @@ async def step_run(engine: Engine, step_id: str) -> str:
 async def test_a_silent_worker_s_leases_are_reclaimed_when_its_stream_ends_not_at_expiry(
         db_url, start_server, engine) -> None:
     # No recovery sweep in this test's lifetime: only the release can reclaim the lease.
-    srv = start_server(db_url, lease_ttl=1.5, sweep_interval=3600)
+    srv = start_server(db_url, lease_ttl=1.5, sweep_interval=3600, extra_args=["--metrics-listen", "127.0.0.1:0"])
     async with grpc.aio.insecure_channel(srv.address) as channel:
         (job,) = await enqueue(channel, "resize")
         w = RawWorker(channel, ["resize"], 1, pong=False)
@@ -200,6 +200,10 @@ async def test_a_silent_worker_s_leases_are_reclaimed_when_its_stream_ends_not_a
             assert w.ended.code() == grpc.StatusCode.UNAVAILABLE
             step = await until(lambda: _reclaimed(engine, job.run_id), "the step reclaimed", DEADLINE)
             assert (step["state"], step["reclaims"], step["attempt"]) == ("available", 1, 1)
+            # Counted, by how it happened (the CycloneLeasesReclaimed alert reads this counter).
+            port = metrics_port(srv)
+            samples = await until(lambda: _reclaims_counted(port), "the reclaim counted", DEADLINE)
+            assert samples['cyclone_reclaims_total{how="expired"}'] == 0
             # Reclaimed as any expired lease: fenced, so the silent worker's late answer is stale.
             other = RawWorker(channel, ["resize"], 1)
             await other.connect()
@@ -210,6 +214,11 @@ async def test_a_silent_worker_s_leases_are_reclaimed_when_its_stream_ends_not_a
             await other.close()
         finally:
             await w.close()
+
+
+async def _reclaims_counted(port: int) -> dict[str, float] | None:
+    samples = await scrape(port)
+    return samples if samples['cyclone_reclaims_total{how="worker_lost"}'] == 1 else None
 
 
 async def _reclaimed(engine: Engine, run_id: str) -> dict[str, Any] | None:
