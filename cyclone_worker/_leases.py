@@ -11,6 +11,7 @@ import contextvars
 import inspect
 import json
 import logging
+import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -36,6 +37,8 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 MAX_ERROR_MESSAGE_BYTES = 64 * 1024
 # The same for a failure's details (the traceback).
 MAX_ERROR_DETAILS_BYTES = 16 * 1024
+# A failed handler's traceback is logged up to this many bytes (its middle cut past it).
+LOG_EXCERPT_BYTES = 16 * 1024
 
 
 def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
@@ -63,6 +66,20 @@ def _cut(text: str, limit: int) -> str:
         return text
     keep = limit - len(f"... [cut at {limit} of {len(raw)} bytes]")  # the marker below is no longer
     return raw[:keep].decode("utf-8", "ignore") + f"... [cut at {keep} of {len(raw)} bytes]"
+
+
+def log_excerpt(e: BaseException, limit: int = LOG_EXCERPT_BYTES) -> str:
+    """The traceback of a failed handler as logged: its message once (at its end), and past
+    `limit` bytes of UTF-8 cut in the middle, so that a huge message cannot flood the log
+    (the attempt's own error keeps up to MAX_ERROR_MESSAGE_BYTES of it)."""
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__)).rstrip("\n")
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return text
+    half = limit // 2
+    head = raw[:half].decode("utf-8", "ignore")
+    tail = raw[-half:].decode("utf-8", "ignore")
+    return f"{head}\n... [{len(raw) - 2 * half} bytes cut] ...\n{tail}"
 
 
 def bounded_message(result: workers_pb2.StepResult) -> workers_pb2.StepResult:
@@ -192,8 +209,8 @@ class LeaseTable:
             result = None if h.stopped else outcome_of(RuntimeError(f"handler raised CancelledError {e}".strip()))
         except Exception as e:  # noqa: BLE001 - every handler error becomes a result
             result = outcome_of(e)
-            if result.HasField("failed"):  # the worker's log keeps the traceback too
-                h.ctx.log.warning("handler %s failed: %s", h.lease.kind, result.failed.message, exc_info=e)
+            if result.HasField("failed"):  # the worker's log keeps the traceback too, bounded
+                h.ctx.log.warning("handler %s failed:\n%s", h.lease.kind, log_excerpt(e))
         if h.ctx.completed_in_tx:
             # The step completed in the handler's transaction; this answer only frees the slot
             # (it is acked ENDED), so it carries no output that could fail to convert.

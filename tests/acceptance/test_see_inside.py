@@ -194,8 +194,44 @@ async def test_a_failing_handlers_traceback_shows_in_get_run_and_cyclone_runs_ge
     mine = [r for r in records if r.name == "app"]
     assert [(r.run_id, r.step_id, r.attempt) for r in mine] == [(run_id, step.id, 1), (run_id, step.id, 2)]
     failed = [r for r in records if r.name == "cyclone_worker.handler"]
-    assert len(failed) == 2 and failed[0].exc_info is not None
-    assert failed[0].getMessage().startswith(f"[run {run_id} step {step.id} attempt 1] handler charge failed")
+    assert len(failed) == 2
+    logged = failed[0].getMessage()
+    assert logged.startswith(f"[run {run_id} step {step.id} attempt 1] handler charge failed")
+    assert "in parse_amount" in logged and logged.count("invalid literal for int()") == 1
+
+
+async def test_a_huge_failure_message_is_logged_once_as_a_bounded_excerpt(
+        start_server: Callable[..., Any], db_url: str) -> None:
+    srv = start_server(db_url)
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep()
+    logging.getLogger().addHandler(keep)  # every logger of the SDK, whatever its name
+    worker = Worker(srv.address)
+    marker = "EXCERPT-MARKER"
+
+    @worker.handler("huge")
+    async def huge(ctx: Context) -> None:
+        raise ValueError(marker + "x" * 4_000_000 + "END-OF-MESSAGE")
+
+    try:
+        async with Client(srv.address) as client, worker:
+            run_id = await client.enqueue("huge", None, max_attempts=1)
+            await until(lambda: _state(srv.address, run_id, "failed"), "the run failed")
+            step = await _step(srv.address, run_id)
+            assert step.errors[0].message.startswith("ValueError: " + marker)  # the attempt keeps its excerpt
+    finally:
+        logging.getLogger().removeHandler(keep)
+    texts = [r.getMessage() + (logging.Formatter().formatException(r.exc_info) if r.exc_info else "")
+             for r in records if r.name.startswith("cyclone_worker")]
+    assert sum(t.count(marker) for t in texts) == 1, "the message is logged once"
+    (failed,) = [t for t in texts if marker in t]
+    assert "handler huge failed" in failed and "in huge" in failed and failed.endswith("END-OF-MESSAGE")
+    assert len(failed.encode()) < 17 * 1024, "a bounded excerpt, not 4 MB"
 
 
 async def test_oversized_details_are_cut_and_marked(start_server: Callable[..., Any], db_url: str) -> None:
