@@ -83,7 +83,7 @@ def settings_of(msg: schedules_pb2.ScheduleSettings) -> ScheduleSettings:
         spec = Spec(cron=required(msg.cron.expression, "settings.cron.expression"),
                     time_zone=msg.cron.time_zone or "UTC", **when)
     elif spec_kind == "interval":
-        every = convert.duration_seconds(msg.interval, "every", field="settings.interval.every") or 0.0
+        every = convert.duration_seconds(msg.interval, "every", field="settings.interval.every", positive=True) or 0.0
         offset = convert.duration_seconds(msg.interval, "offset", field="settings.interval.offset") or 0.0
         spec = Spec(every=every, offset=offset, **when)
     else:

@@ -106,6 +106,8 @@ async def test_a_schedule_starts_runs_on_time_and_is_steered_over_the_api(start_
      "settings.run.workflow"),
     (schedules_pb2.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="k"), interval=schedules_pb2.IntervalSpec()),
      "settings.interval.every"),
+    (schedules_pb2.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="k"), interval=every(-5)),
+     "settings.interval.every: must be > 0, got -5 s"),
     (schedules_pb2.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="k"), interval=every(60), overlap=9),
      "settings.overlap"),
     (schedules_pb2.ScheduleSettings(job=runs_pb2.EnqueueRequest(kind="k", idempotency_key="x"), interval=every(60)),
