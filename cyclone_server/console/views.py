@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, value_to_py
 from cyclone_server.errors import InvalidArgument
 from cyclone_server.records import TERMINAL_RUN_STATES
 
@@ -159,9 +160,27 @@ def cursor(text: str) -> tuple[datetime, str] | None:
 
 
 def payload(text: str) -> Any:
+    """A signal's JSON payload from the form, held to what the gRPC API accepts (convert.value_to_py:
+    no NaN or infinity, no U+0000, bounded nesting)."""
     if not text.strip():
         return None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise InvalidArgument(f"payload: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise InvalidArgument(f"payload: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    try:
+        return value_to_py(py_to_value(value), "payload")
+    except RecursionError:
+        raise InvalidArgument(f"payload: nested deeper than {MAX_JSON_DEPTH} levels") from None
+
+
+def nul_in(where: str, items: Iterable[tuple[str, str]]) -> str | None:
+    """What names a U+0000 among `items` (name, value), which Postgres cannot store, or None."""
+    for name, value in items:
+        if "\x00" in name:
+            return f"{where}: a name contains the character U+0000"
+        if "\x00" in value:
+            return f"{where} {name}: contains the character U+0000"
+    return None

@@ -32,6 +32,7 @@ from urllib.parse import urlencode
 import grpc
 import jinja2
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from cyclone_server import auth
 from cyclone_server.records import RUN_STATES
@@ -140,6 +141,11 @@ class Console:
                     if status == 401 and request.method == "GET" and not from_header:
                         raise web.HTTPSeeOther("/login?" + urlencode({"next": request.path_qs}))
                     raise self._error(request, status, why)
+            # Postgres cannot store U+0000: refused here, naming where, before any handler reads it.
+            bad = ("path: contains the character U+0000" if "\x00" in request.path
+                   else views.nul_in("parameter", request.query.items()))
+            if bad is not None:
+                raise self._error(request, 400, bad)
             try:
                 response = await handler(request)
             except Unavailable as e:
@@ -160,7 +166,11 @@ class Console:
             if len(cookie) < 32 or not sent or not hmac.compare_digest(sent.encode(), cookie.encode()):
                 raise self._error(request, 403, "refused: the form's CSRF token is missing or does not match this "
                                                 "browser's (reload the page and try again)")
-        return {k: str(v) for k, v in form.items()}
+        fields = {k: str(v) for k, v in form.items()}
+        bad = views.nul_in("form field", fields.items())
+        if bad is not None:
+            raise self._error(request, 400, bad)
+        return fields
 
     # -- rendering ------------------------------------------------------------------
 
@@ -528,10 +538,30 @@ class HttpServer:
         await self.runner.cleanup()
 
 
+class OneLineBadRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a URL over 8 KiB, a malformed header line) at
+    ERROR with a traceback, once per request: a client's error, and anyone can send it. It
+    becomes one WARNING line, with the reason cut short."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            peer = record.getMessage().removeprefix("Error handling request from ")
+            reason = " ".join(str(error.message).split())
+            record.msg, record.args = "console: refused a request from %s that HTTP cannot read (%d): %s", (
+                peer[:100], error.code, reason[:160] + ("..." if len(reason) > 160 else ""))
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 async def serve_console(console: Console, host: str, port: int, *, reuse_port: bool = False,
                         ssl_context: ssl.SSLContext | None = None) -> HttpServer:
     """Start the console's site (HTTPS with `ssl_context`); `reuse_port` for `--processes N`, whose
     processes share the port."""
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, OneLineBadRequests) for f in server_log.filters):
+        server_log.addFilter(OneLineBadRequests())
     runner = web.AppRunner(console.app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host.strip("[]"), port, reuse_address=True, reuse_port=reuse_port or None,

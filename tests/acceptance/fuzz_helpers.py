@@ -9,12 +9,13 @@ deeply nested Value into another message makes protobuf parse it, which fails by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,15 +262,16 @@ def _server_proc_class() -> Any:
     return module.ServerProc
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[str], str],
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A server on a database of this module's own, with a canary worker connected."""
+@contextlib.contextmanager
+def module_server(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[str], str], workdir: Path,
+                  extra_args: Sequence[str] = ()) -> Iterator[Any]:
+    """A server on a database of its own (dropped after), with a canary worker connected;
+    its log is printed when the block fails."""
     name = f"cyclone_fuzz_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_admin_url, autocommit=True) as c:
         c.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_dbname)))
-    srv = _server_proc_class()(db_url_for(name), tmp_path_factory.mktemp("fuzz-server"),
-                               ["--lease-ttl", "3", "--sweep-interval", "0.2"]).start()
+    srv = _server_proc_class()(db_url_for(name), workdir,
+                               ["--lease-ttl", "3", "--sweep-interval", "0.2", *extra_args]).start()
     srv.canary = Canary(srv.address)
     try:
         yield srv
@@ -283,6 +285,14 @@ def fuzz_server(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[s
         KNOWN_IDS.clear()
         with psycopg.connect(pg_admin_url, autocommit=True) as c:
             c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[str], str],
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A server on a database of this module's own, with a canary worker connected."""
+    with module_server(pg_admin_url, template_dbname, db_url_for, tmp_path_factory.mktemp("fuzz-server")) as srv:
+        yield srv
 
 
 class Canary:
