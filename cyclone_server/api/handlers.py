@@ -103,6 +103,7 @@ class CallGate:
 
     def __init__(self) -> None:
         self.closing = False
+        self._last_call = float("-inf")  # the loop's time of the last call that reached the gate
         self._calls: set[asyncio.Task[Any]] = set()
         self._cutting = False
         self._idle = asyncio.Event()
@@ -110,6 +111,7 @@ class CallGate:
 
     async def call(self, behavior: Callable[[Any, Any], Awaitable[Any]], request: Any,
                    context: grpc.aio.ServicerContext) -> Any:
+        self._last_call = asyncio.get_running_loop().time()
         if self.closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
         # grpc.aio runs each call in a task of its own, so cutting the call is cancelling it.
@@ -147,6 +149,17 @@ class CallGate:
                 await self._idle.wait()
         except TimeoutError:
             log.warning("%d calls did not end when cut short", len(self._calls))
+
+    async def quiet(self, seconds: float, within: float) -> None:
+        """Wait until no call has reached the gate for `seconds` (for `within` seconds at most).
+
+        grpc's server.stop cancels the calls it has accepted but not yet handed to a handler
+        (they wait while the event loop is busy), and their clients see CANCELLED. Once calls
+        stop coming (each is answered UNAVAILABLE meanwhile), none is left waiting."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while (wait := min(self._last_call + seconds, deadline) - loop.time()) > 0:
+            await asyncio.sleep(wait)
 
 
 def _strict_handler(handler: grpc.RpcMethodHandler, gate: CallGate | None) -> grpc.RpcMethodHandler:

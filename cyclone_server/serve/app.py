@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from cyclone_server.console import HttpServer
 
 log = logging.getLogger("cyclone.server")
+# A stopping server waits until no call has come for this long before grpc's own stop
+# (CallGate.quiet): calls it accepted but had not started yet would be CANCELLED.
+STOP_QUIET = 0.05
 
 SERVICE_NAMES = tuple(
     module.DESCRIPTOR.services_by_name[name].full_name
@@ -235,8 +238,9 @@ class CycloneServer:
         are UNAVAILABLE and WaitRun calls answer at once with the run as it stands; calls in
         flight and worker results get up to `grace` seconds, calls still running then are
         answered UNAVAILABLE (not left to server.stop, whose cut may reach the client as
-        CANCELLED, which no client retries); worker streams end UNAVAILABLE. Stops only
-        what start() got to, so a failed start cleans up too.
+        CANCELLED, which no client retries); worker streams end UNAVAILABLE; grpc's own stop
+        waits until calls have stopped coming (CallGate.quiet). Stops only what start() got
+        to, so a failed start cleans up too.
         """
         await self.health.enter_graceful_shutdown()
         if self.runs is not None:
@@ -256,6 +260,7 @@ class CycloneServer:
         if "background" in self._started and self.background is not None:
             await self.background.stop()
         if "server" in self._started and self.server is not None:
+            await self.gate.quiet(STOP_QUIET, within=max(1.0, self.settings.grace))
             await self.server.stop(grace=1.0)
         if self.runs is not None:
             await self.runs.enqueuer.close()  # batches whose callers gave up still finish

@@ -120,3 +120,39 @@ async def test_calls_still_running_when_grace_ends_are_unavailable_not_cancelled
             # The lock is held until every call has its answer: none can finish.
             assert await asyncio.gather(*calls) == [UNAVAILABLE] * 3
         assert await exit_code(srv) == 0
+
+
+async def _hammer(address: str, stop: asyncio.Event, codes: dict[str, int], retries: int) -> None:
+    """Calls one after another on a channel of its own; once the server refuses, `retries` more
+    calls a few milliseconds apart (as a client's retries would), then it stops. Counts the codes."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stubs = runs_pb2_grpc.RunsStub(channel), workflows_pb2_grpc.WorkflowsStub(channel)
+        refused = 0
+        while refused <= retries:
+            calls = (stubs[0].ListRuns(runs_pb2.ListRunsRequest(limit=1), timeout=DEADLINE),
+                     stubs[1].ListWorkflows(workflows_pb2.ListWorkflowsRequest(), timeout=DEADLINE))
+            for call in calls:
+                code = await status(call)
+                codes[code.name] = codes.get(code.name, 0) + 1
+            if stop.is_set() and code != grpc.StatusCode.OK:
+                refused += 1
+                await asyncio.sleep(0.002 * refused)
+
+
+async def test_calls_racing_the_signal_across_the_stop_window_are_never_cancelled(
+        start_server: Callable[..., Any], db_url: str) -> None:
+    # 32 callers call without pause while the server gets SIGTERM and stops, in several
+    # rounds: a call that reaches a stopping server completes or is UNAVAILABLE, whenever
+    # in the stop window it comes (before the gate closes, while it drains, as grpc stops).
+    codes: dict[str, int] = {}
+    for _ in range(6):
+        srv = start_server(db_url, extra_args=["--grace", "0.5"])
+        stop = asyncio.Event()
+        callers = [asyncio.create_task(_hammer(srv.address, stop, codes, retries=i % 4)) for i in range(32)]
+        await asyncio.sleep(0.3)  # calls in flight when the signal comes
+        stop.set()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert await exit_code(srv) == 0
+        await asyncio.wait_for(asyncio.gather(*callers), DEADLINE)
+    assert set(codes) <= {"OK", "UNAVAILABLE"}, codes
+    assert codes.get("OK", 0) > 0 and codes.get("UNAVAILABLE", 0) >= 32 * 6, codes
