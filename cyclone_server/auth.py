@@ -152,20 +152,18 @@ def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     return None
 
 
-def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that ends the call with `code`."""
+def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler that ends the call with `code` without reading its request.
 
-    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> None:
+    Whatever the method's shape, it is served as a stream (grpc reads a streamed request
+    only when the handler asks for it, and the client cannot tell), and the bytes are never
+    parsed: a refused caller costs the server no more than the flow-control window of the
+    call, however big the message it sends."""
+
+    async def refuse(_requests: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(code, message)
 
-    ser = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **ser)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **ser)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **ser)
-    return grpc.unary_unary_rpc_method_handler(refuse, **ser)
+    return grpc.stream_stream_rpc_method_handler(refuse)
 
 
 class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
@@ -198,7 +196,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if refusal is None or handler is None:
             return handler
-        return _refusing(handler, *refusal)
+        return _refusing(*refusal)
 
 
 def is_loopback(host: str) -> bool:

@@ -1,0 +1,62 @@
+"""Before a caller is authenticated, the server does not read what it sends: memory stays bounded.
+
+A server with tokens gets 8 concurrent 256 MiB Enqueue calls without a token. The token
+check refuses each on its metadata alone, before the request is read (auth._refusing), so
+the server's peak memory grows by no more than the calls' flow-control windows: the bound
+asserted here is 128 MiB over the peak before the flood, documented in docs/operations.md
+("Auth and TLS"). An admin call made during the flood is answered, and the resident memory
+is back near where it was within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cyclone_proto import admin_pb2, admin_pb2_grpc, runs_pb2
+from cyclone_server.convert import py_to_value
+
+from test_auth import TOKENS
+from test_auth_server import token_server, tokens_file  # noqa: F401  (fixtures)
+from waits_helpers import until
+
+MIB = 1 << 20
+FLOOD, SIZE = 8, 256 * MIB
+PEAK_BOUND = 128 * MIB  # docs/operations.md, "Auth and TLS"
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(VmHWM, VmRSS) of `pid` in bytes: the peak resident memory since it started, and now."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(fields["VmHWM"].split()[0]) * 1024, int(fields["VmRSS"].split()[0]) * 1024
+
+
+async def test_unauthenticated_giant_requests_are_refused_unread(token_server: Any) -> None:
+    pid = token_server.proc.pid
+    body = runs_pb2.EnqueueRequest(kind="k", input=py_to_value("x" * SIZE)).SerializeToString()
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    async with grpc.aio.insecure_channel(token_server.address, options=options) as channel, \
+            grpc.aio.insecure_channel(token_server.address) as admin_channel:
+        admin = admin_pb2_grpc.AdminStub(admin_channel)
+        admin_md = (("authorization", f"Bearer {TOKENS['admin']}"),)
+        await admin.GetStats(admin_pb2.GetStatsRequest(), metadata=admin_md, timeout=30)
+        peak_before, rss_before = memory(pid)
+        enqueue = channel.unary_unary("/cyclone.v1.Runs/Enqueue", request_serializer=None,
+                                      response_deserializer=runs_pb2.EnqueueResponse.FromString)
+        calls = [enqueue(body, timeout=120) for _ in range(FLOOD)]
+        # An operator's call during the flood is answered (no wall-clock bound: the machine is shared).
+        await admin.GetStats(admin_pb2.GetStatsRequest(), metadata=admin_md, timeout=60)
+        codes = []
+        for call in calls:
+            try:
+                await call
+                codes.append(grpc.StatusCode.OK)
+            except grpc.aio.AioRpcError as e:
+                codes.append(e.code())
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * FLOOD
+    peak_after, _ = memory(pid)
+    assert peak_after - peak_before < PEAK_BOUND, f"peak grew by {(peak_after - peak_before) / MIB:.0f} MiB"
+    await until(lambda: memory(pid)[1] - rss_before < 64 * MIB, "the resident memory back near its baseline", 10)
