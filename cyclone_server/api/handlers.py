@@ -112,8 +112,10 @@ class CallGate:
     async def call(self, behavior: Callable[[Any, Any], Awaitable[Any]], request: Any,
                    context: grpc.aio.ServicerContext) -> Any:
         self._last_call = asyncio.get_running_loop().time()
-        if self.closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
+        if self.closing:  # the status is set, not raised as AbortError (see api/common.rpc)
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(SHUTTING_DOWN)
+            return None
         # grpc.aio runs each call in a task of its own, so cutting the call is cancelling it.
         task = asyncio.current_task()
         assert task is not None
