@@ -41,6 +41,9 @@ if TYPE_CHECKING:
     from cyclone_server.console import HttpServer
 
 log = logging.getLogger("cyclone.server")
+# After the database was lost, the first sweep waits one lease renewal interval and this
+# much more once it is back (Background.renew_wait).
+RENEW_MARGIN = 1.0
 # A stopping server waits until no call has come for this long before grpc's own stop
 # (CallGate.quiet): calls it accepted but had not started yet would be CANCELLED.
 STOP_QUIET = 0.05
@@ -164,7 +167,8 @@ class CycloneServer:
         self.scheduler = Scheduler(self.engine, self.notifier)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,
-                                     retention_default_age=s.retention_default_age)
+                                     retention_default_age=s.retention_default_age,
+                                     renew_wait=self.hub.heartbeat + RENEW_MARGIN, on_database=self._database)
         self.hub.add_to_server(cyclone)  # type: ignore[arg-type]  # its stream is not gated: it has its own stop
         self._export_metrics()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, plain)
@@ -230,6 +234,17 @@ class CycloneServer:
                     m.mirror(family, n, schedule=name)
 
         m.add_source(refresh_schedules)
+
+    async def _database(self, reachable: bool) -> None:
+        """Health follows the database: NOT_SERVING while no primary is reachable (load
+        balancers and probes send callers elsewhere), SERVING again once it is back."""
+        if self.gate.closing:
+            return  # stopping: health says NOT_SERVING for good
+        status = health_pb2.HealthCheckResponse.SERVING if reachable else health_pb2.HealthCheckResponse.NOT_SERVING
+        if not reachable:
+            log.warning("the database is unreachable: health NOT_SERVING, calls UNAVAILABLE until it is back")
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, status)
 
     async def stop(self) -> None:
         """Graceful stop: no new work, running handlers and calls get `grace` seconds, then close.

@@ -7,6 +7,7 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable
 
+from cyclone_server.errors import Unavailable
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
 
@@ -44,8 +45,15 @@ class Background:
     """
 
     def __init__(self, engine: Engine, notifier: Notifier, *, sweep_interval: float,
-                 retention_interval: float | None = None, retention_default_age: float | None = None) -> None:
+                 retention_interval: float | None = None, retention_default_age: float | None = None,
+                 renew_wait: float = 0.0, on_database: Callable[[bool], Awaitable[None]] | None = None) -> None:
         self.engine = engine
+        # After the database was unreachable, the first sweep waits this long once it is back
+        # (one lease renewal interval): the leases of connected workers, which expired
+        # meanwhile, are renewed before the sweep could take them and run their steps again.
+        self.renew_wait = renew_wait
+        self.on_database = on_database  # told False when the database is lost, True when it is back
+        self.database_lost = False
         self.notifier = notifier
         self.sweep_interval = sweep_interval
         self.retention_interval = retention_interval
@@ -89,7 +97,22 @@ class Background:
             await asyncio.sleep(interval)
 
     async def _sweep(self) -> None:
-        counts = await self.engine.sweep()
+        if self.database_lost:
+            await self.engine.ping()  # Unavailable while it is still down
+            log.info("the database is back; sweeping in %.1fs, after the leases of connected workers are renewed",
+                     self.renew_wait)
+            if self.on_database is not None:
+                await self.on_database(True)
+            await asyncio.sleep(self.renew_wait)
+            self.database_lost = False
+        try:
+            counts = await self.engine.sweep()
+        except Unavailable:
+            if not self.database_lost:
+                self.database_lost = True
+                if self.on_database is not None:
+                    await self.on_database(False)
+            raise
         done = {k: v for k, v in counts.items() if v}
         if done:
             log.info("sweep: %s", ", ".join(f"{k} {v}" for k, v in sorted(done.items())))

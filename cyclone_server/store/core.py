@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone_server.records import DEFAULT_MAX_PAYLOAD_BYTES, PreparedJob
 
+from .failover import POOL_TIMEOUT, install_capped_backoff, with_failover_defaults
 from .faults import translated
 from .queries import Q
 from .warm import WarmConnections
@@ -118,7 +119,9 @@ class Core:
             if announces:
                 await conn.execute("SET cyclone.announce = 'server'")
 
-        pool = AsyncConnectionPool(url, min_size=min_size, max_size=max_size, open=False, configure=configure,
+        install_capped_backoff()
+        pool = AsyncConnectionPool(with_failover_defaults(url), min_size=min_size, max_size=max_size, open=False,
+                                   configure=configure, timeout=POOL_TIMEOUT,
                                    kwargs={"autocommit": True, "row_factory": dict_row})
         with translated():
             await pool.open(wait=True, timeout=30)
@@ -171,6 +174,10 @@ class Core:
         if rows and query in MAY_MAKE_AVAILABLE:
             self.announce(jobs_only=query in JOBS_WRITTEN)
         return rows
+
+    async def ping(self) -> None:
+        """One round trip to the database; Unavailable when it cannot be reached."""
+        await self._all("ping")
 
     async def _one(self, query: str, /, **params: Any) -> dict[str, Any] | None:
         rows = await self._all(query, **params)

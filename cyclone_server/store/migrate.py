@@ -10,6 +10,7 @@ import psycopg
 
 from cyclone_server.errors import MigrationError
 
+from .failover import with_failover_defaults
 from .faults import translated
 
 # Every migrator takes this advisory lock for the whole run, so servers that start at once
@@ -66,7 +67,7 @@ def functions() -> list[SqlFile]:
 def migrate(conninfo: str) -> list[str]:
     """Bring the database at `conninfo` up to date; return the names of the files applied."""
     applied: list[str] = []
-    with translated(), psycopg.connect(conninfo, autocommit=True) as conn:
+    with translated(), psycopg.connect(with_failover_defaults(conninfo), autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
             conn.execute(_BOOKKEEPING)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection
 import psycopg
 from tenacity import AsyncRetrying, wait_exponential
 
+from .failover import RECONNECT_MAX_DELAY, with_failover_defaults
 from .faults import translated
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,9 @@ class Notifier:
         if await notifier.wait("cyclone_run_ended", timeout=5): ...
     """
 
-    def __init__(self, conninfo: str, *, reconnect_initial: float = 0.1, reconnect_max: float = 5.0) -> None:
-        self.conninfo = conninfo
+    def __init__(self, conninfo: str, *, reconnect_initial: float = 0.1,
+                 reconnect_max: float = RECONNECT_MAX_DELAY) -> None:
+        self.conninfo = with_failover_defaults(conninfo)
         self.reconnect_initial = reconnect_initial
         self.reconnect_max = reconnect_max
         self.reconnects = 0

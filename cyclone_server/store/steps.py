@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.rows import namedtuple_row
@@ -91,6 +91,20 @@ class StepStore(Core):
             await self.settle_parents(ended_children)
         return [(r.step_id, r.generation, status) for r, status in zip(results, out)]  # type: ignore[misc]
 
+    async def in_doubt_statuses(self, results: Sequence[Result]) -> list[str | None]:
+        """For results whose commit was in doubt (the connection broke during it) and that,
+        applied again, found their lease ended: the status each had if it did commit, that
+        is if its step holds this lease's generation and this result's outcome; else None.
+
+        A completion left its step completed (or discarded as output_too_large when its
+        output was over the limit); a failure appended its message as the last error, at the
+        step's attempt, and left the step available again (retried) or discarded; a snooze
+        left it available (a reclaim of the same lease would too; the step is claimable again
+        either way)."""
+        rows = await self._all("steps_lease_outcome", step_ids=[parse_id(r.step_id, "step_id") for r in results])
+        steps = {str(row["id"]): row for row in rows}
+        return [_status_held(steps.get(canonical_id(r.step_id, "step_id")), r) for r in results]
+
     async def settle_parents(self, child_run_ids: Sequence[uuid.UUID | str]) -> int:
         """End the waiting parent nodes of these child runs if they ended (each in a new
         transaction after the one that ended the child run, as the document says), and so
@@ -163,3 +177,22 @@ class StepStore(Core):
         started = len(await self._all("children_start", limit=limit))
         return started + len(await self._all("children_settle", limit=limit))
 
+
+def _status_held(step: Mapping[str, Any] | None, r: Result) -> str | None:
+    """The status `r` had if its step holds what `r` did (StepStore.in_doubt_statuses), else None."""
+    if step is None or step["lease_generation"] != r.generation or step["state"] == "running":
+        return None
+    state, last = step["state"], step["last_error"] or {}
+    if r.outcome == "completed":
+        if state == "completed":
+            return "applied"
+        if state == "discarded" and step["reason"] == "output_too_large":
+            return "output_too_large"
+        return None
+    if r.outcome == "failed":
+        if last.get("message") != storable_message(r.message):
+            return None
+        if state in ("available", "paused") and last.get("error_kind") == "error":
+            return "retried"
+        return "discarded" if state == "discarded" else None
+    return "snoozed" if state in ("available", "paused") else None

@@ -121,7 +121,7 @@ class ResultCommitter:
             except Unavailable as e:
                 # The database is unreachable (or the batch lost a deadlock): apply again, for
                 # as long as it takes. That is safe: results are fenced, so one that did commit
-                # before the error comes back 'ended', as a resent one would.
+                # before the error comes back 'ended', and is then told apart (in_doubt).
                 log.warning("applying %d results failed: %s; retrying", len(results), e.__cause__ or e)
                 async for attempt in AsyncRetrying(
                         retry=retry_if_exception_type(Unavailable),
@@ -131,6 +131,7 @@ class ResultCommitter:
                             s.outcome.exception().__cause__, s.next_action.sleep)):  # type: ignore[union-attr]
                     with attempt:
                         rows = await self.engine.apply_results(results)
+                return await self._in_doubt([(r, status) for r, (_, _, status) in zip(results, rows)])
             return [(r, status) for r, (_, _, status) in zip(results, rows)]
         except CycloneError as e:
             # The database refused the data: find the results it refuses by applying
@@ -147,6 +148,25 @@ class ResultCommitter:
                 raise
             return await self._apply([invalid_result(r.step_id, r.generation,
                                                       f"the database refused it: {why or e}")])
+
+    async def _in_doubt(self, applied: list[tuple[Result, str]]) -> list[tuple[Result, str]]:
+        """Results applied again after a commit whose fate was unknown: one that finds its lease
+        ended may be the one that ended it. Its status is then what it did (APPLIED to the
+        worker, counted once); only a result that truly changed nothing stays ENDED."""
+        ended = [i for i, (_, status) in enumerate(applied) if status == "ended"]
+        if not ended:
+            return applied
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Unavailable),
+                                           wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0)):
+            with attempt:
+                held = await self.engine.in_doubt_statuses([applied[i][0] for i in ended])
+        out = list(applied)
+        for i, status in zip(ended, held):
+            if status is not None:
+                out[i] = (applied[i][0], status)
+        if any(held):
+            log.info("%d of %d results whose commit was in doubt had committed", sum(map(bool, held)), len(ended))
+        return out
 
     def _acknowledge(self, batch: list[tuple[WorkerConn, Result, str]],
                      applied: list[tuple[Result, str]]) -> None:

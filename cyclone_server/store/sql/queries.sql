@@ -64,6 +64,15 @@ SELECT cyclone_step_snooze(%(step_id)s, %(generation)s, %(delay)s) AS status;
 -- name: leases_renew
 SELECT step_id, lease_generation FROM cyclone_leases_renew(%(owner)s, %(step_ids)s, %(generations)s, %(lease_ttl)s);
 
+-- name: ping
+SELECT 1 AS one;
+
+-- name: steps_lease_outcome
+-- What a step holds of the lease it last had, to tell whether a result whose commit was in
+-- doubt did commit (StepStore.in_doubt_statuses).
+SELECT id, state, lease_generation, error_kind, reason, errors -> -1 AS last_error
+  FROM cyclone_steps WHERE id = ANY(%(step_ids)s);
+
 -- name: leases_release
 SELECT step_id, outcome FROM cyclone_leases_release(%(owner)s, %(step_ids)s, %(generations)s);
 
