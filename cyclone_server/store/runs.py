@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg.rows import namedtuple_row
 from psycopg.types.json import Jsonb
 
 from cyclone_server import definitions
@@ -179,23 +178,6 @@ class RunStore(Core):
         if len(rows) != len(jobs):  # one row per job, or the transaction failed
             raise RuntimeError(f"cyclone_jobs_enqueue returned {len(rows)} rows for {len(jobs)} jobs")
         return [(r["run_id"], r["step_id"], r["created"]) for r in rows]  # ids as text already
-
-    async def enqueue_claim(self, jobs: Sequence[PreparedJob], owner: str, kinds: Sequence[str], limit: int,
-                            lease_ttl: float) -> tuple[list[tuple[str, str, bool]], list[Any]]:
-        """`enqueue_prepared`, then `claim_leases` in the same transaction (one commit): the
-        jobs' (run_id, step_id, created), and the leases claimed. New work is announced only
-        if something this transaction made is left claimable: when every job it created was
-        claimed here too, no dispatcher has anything to look for."""
-        rows = await self._fetch("jobs_enqueue_claim", {"jobs": jobs_payload(jobs), "owner": owner, "kinds": list(kinds),
-                                                        "limit": limit, "lease_ttl": seconds(lease_ttl)}, namedtuple_row)
-        made = sorted((r for r in rows if r.idx is not None), key=lambda r: r.idx)
-        if len(made) != len(jobs):
-            raise RuntimeError(f"cyclone_jobs_enqueue_claim returned {len(made)} jobs for {len(jobs)}")
-        leases = [r for r in rows if r.idx is None]
-        claimed = {r.step_id for r in leases}
-        if any(r.created and r.step_id not in claimed for r in made):
-            self.announce(jobs_only=True)
-        return [(r.run_id, r.step_id, r.created) for r in made], leases
 
     # An action that may end its run (cancel, resume, retry, signal) also settles the run's
     # parent node, when it has one, before it returns: an action's effects are
