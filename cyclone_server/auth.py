@@ -6,6 +6,12 @@ token may hold several roles (`tok123 worker,submit` for a worker process that a
 registers its workflows). Health checks and reflection stay open so that load balancers
 and Kubernetes probes need no token.
 
+Over mTLS, a caller without a valid token is known by its client certificate: the
+`--tls-client-roles` file maps certificate names (`CN=name`, or a subject alternative
+name `DNS:`, `URI:`, `email:`, `IP:`) to roles, and a certificate it does not name has
+none. A valid token decides alone. mTLS without that file and without tokens is refused
+at start, so that no certificate of the CA silently gets every role.
+
 Wiring (server)::
 
     settings.add(parser, groups=["security"])   # cyclone_server/serve/settings.py
@@ -19,12 +25,15 @@ Wiring (client): `open_channel(address, token=..., ca_file=...)`.
 from __future__ import annotations
 
 import argparse
+import contextvars
 import hashlib
+import inspect
 import ipaddress
 import json
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +151,87 @@ def load_tokens(tokens_file: str | os.PathLike[str] | None, env_value: str | Non
     return merged
 
 
+# -- client certificates (mTLS) -----------------------------------------------------------
+
+# The forms of IDENTITY in --tls-client-roles, and the property of grpc's auth context that
+# holds those names of the (verified) client certificate. grpc's x509_subject_alternative_name
+# lists every SAN without its type, so the typed properties are used: DNS:x is not URI:x.
+IDENTITY_FORMS = {"CN=": "x509_common_name", "DNS:": "peer_dns", "URI:": "peer_uri", "email:": "peer_email",
+                  "IP:": "peer_ip"}
+IDENTITY_HELP = ("CN=NAME (the subject's common name) or a subject alternative name DNS:NAME, URI:URI, "
+                 "email:ADDRESS or IP:ADDRESS")
+
+
+def certificate_identity(form: str, value: str) -> str:
+    """`form` + `value` as --tls-client-roles writes it and matches it: DNS names in lower case (they are
+    case-insensitive), IP addresses in their short form; ValueError when `value` cannot be such a name."""
+    if not value:
+        raise ValueError(f"{form} needs a name after it")
+    if form != "CN=" and any(c.isspace() for c in value):
+        raise ValueError(f"{form}{value!r}: a {form[:-1]} name has no spaces")
+    if form == "DNS:":
+        value = value.lower()
+    elif form == "IP:":
+        try:
+            value = str(ipaddress.ip_address(value))
+        except ValueError:
+            raise ValueError(f"{form}{value}: not an IP address") from None
+    return form + value
+
+
+def parse_certificate_roles(text: str, source: str = "client roles") -> dict[str, frozenset[str]]:
+    """Parse lines of `IDENTITY ROLE[,ROLE]` (# comments) into {identity: roles}. IDENTITY is CN=NAME
+    (the one form that may hold spaces) or a SAN as DNS:NAME, URI:URI, email:ADDRESS or IP:ADDRESS."""
+    found: dict[str, tuple[int, frozenset[str]]] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}: line {n}"
+        fields = line.rsplit(None, 1)
+        if len(fields) != 2:
+            raise SecurityConfigError(f"{where}: expected 'IDENTITY ROLE[,ROLE]' (such as 'CN=worker-1 worker'), "
+                                      f"got {line!r}")
+        written, roles = fields[0].rstrip(), _roles(fields[1], where)
+        if written.endswith(","):
+            raise SecurityConfigError(f"{where}: write the roles without spaces, as ROLE,ROLE")
+        form = next((f for f in IDENTITY_FORMS if written[:len(f)].lower() == f.lower()), None)
+        if form is None:
+            raise SecurityConfigError(f"{where}: unknown identity {written!r}: write {IDENTITY_HELP}")
+        try:
+            identity = certificate_identity(form, written[len(form):])
+        except ValueError as e:
+            raise SecurityConfigError(f"{where}: {e}") from None
+        if identity in found:
+            raise SecurityConfigError(f"{where}: {identity} is listed twice (first on line {found[identity][0]})")
+        found[identity] = (n, roles)
+    return {identity: roles for identity, (_, roles) in found.items()}
+
+
+def load_certificate_roles(path: str | os.PathLike[str]) -> dict[str, frozenset[str]]:
+    """The --tls-client-roles file; a file naming no certificate is an error (it would refuse them all)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SecurityConfigError(f"--tls-client-roles: cannot read {path}: {e.strerror}") from None
+    roles = parse_certificate_roles(text, str(path))
+    if not roles:
+        raise SecurityConfigError(f"--tls-client-roles: {path} names no certificate (lines 'IDENTITY ROLE[,ROLE]')")
+    return roles
+
+
+def certificate_identities(auth_context: Mapping[str, Iterable[bytes]]) -> list[str]:
+    """The names of the caller's client certificate, as --tls-client-roles writes them (CN=..., DNS:..., ...)."""
+    names = []
+    for form, prop in IDENTITY_FORMS.items():
+        for raw in auth_context.get(prop, ()):
+            try:
+                names.append(certificate_identity(form, raw.decode("utf-8", "replace")))
+            except ValueError:
+                continue  # not a name a line could hold
+    return names
+
+
 def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
     """The token of an `authorization: Bearer <token>` entry, if any."""
     for key, value in metadata or ():
@@ -166,37 +256,140 @@ def _refusing(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
     return grpc.stream_stream_rpc_method_handler(refuse)
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """UNAUTHENTICATED without a known bearer token, PERMISSION_DENIED when its roles may not call the RPC."""
+@dataclass(frozen=True)
+class _Certificate:
+    """The client certificate of the call being served, once the interceptor let it through."""
 
-    def __init__(self, tokens: Mapping[str, Iterable[str]]) -> None:
+    names: tuple[str, ...]
+    roles: frozenset[str]
+
+
+# Set by the certificate gate in the call's own task (grpc.aio serves each call in a task of its
+# own), so that check() made while serving that call knows its certificate; unset anywhere else.
+_CALL_CERTIFICATE: contextvars.ContextVar[_Certificate | None] = contextvars.ContextVar(
+    "cyclone_call_certificate", default=None)
+
+
+def _needs(method: str, allowed: frozenset[str], who: str, roles: frozenset[str]) -> tuple[grpc.StatusCode, str]:
+    return (grpc.StatusCode.PERMISSION_DENIED,
+            f"{method} needs role {' or '.join(sorted(allowed))}; {who} has {', '.join(sorted(roles)) or 'no role'}")
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED without a known bearer token, PERMISSION_DENIED when its roles may not call the RPC.
+
+    With `certificates` ({identity: roles}, parse_certificate_roles), a call without a valid
+    token is judged by its client certificate instead: UNAUTHENTICATED when no name of the
+    certificate is listed, PERMISSION_DENIED when the roles of the names listed (together)
+    may not call the RPC. grpc's interceptor sees only the method and the metadata, so such
+    a call is served by a gate that reads the certificate from the servicer context first:
+    a stream handler that reads nothing of the request before the certificate is accepted."""
+
+    def __init__(self, tokens: Mapping[str, Iterable[str]],
+                 certificates: Mapping[str, Iterable[str]] | None = None) -> None:
         self._roles = {_digest(t): frozenset(r) for t, r in tokens.items()}
+        self._certificates = None if certificates is None else {i: frozenset(r) for i, r in certificates.items()}
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(self._roles)
+
+    def _token_roles(self, token: str | None) -> frozenset[str] | None:
+        return None if token is None else self._roles.get(_digest(token))
+
+    def certificate(self, auth_context: Mapping[str, Iterable[bytes]]) -> _Certificate:
+        """The names of a client certificate and the roles they are given (none: not listed)."""
+        names = tuple(certificate_identities(auth_context))
+        roles = frozenset().union(*((self._certificates or {}).get(n, frozenset()) for n in names))
+        return _Certificate(names, roles)
+
+    @staticmethod
+    def _judge(method: str, allowed: frozenset[str], cert: _Certificate,
+               token: str | None) -> tuple[grpc.StatusCode, str] | None:
+        names = ", ".join(cert.names) or "no common name nor subject alternative name"
+        unknown = "; the bearer token sent is not known" if token is not None else ""
+        if not cert.roles:
+            return (grpc.StatusCode.UNAUTHENTICATED, f"the client certificate ({names}) has no role: list one of its "
+                    f"names in --tls-client-roles, or send a bearer token{unknown}")
+        if not cert.roles & allowed:
+            code, message = _needs(method, allowed, f"this client certificate ({names})", cert.roles)
+            return code, message + unknown
+        return None
 
     def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> tuple[grpc.StatusCode, str] | None:
-        """None when the call may proceed, else the status and message to refuse it with."""
+        """None when the call may proceed, else the status and message to refuse it with. A valid token
+        decides; without one, while serving a call let through by its certificate, the certificate does."""
         allowed = roles_for(method)
         if not allowed:
             return None
         token = bearer_token(metadata)
+        roles = self._token_roles(token)
+        if roles is not None:
+            return None if roles & allowed else _needs(method, allowed, "this token", roles)
+        cert = _CALL_CERTIFICATE.get()
+        if cert is not None and self._certificates is not None:
+            return self._judge(method, allowed, cert, token)
         if token is None:
             return grpc.StatusCode.UNAUTHENTICATED, "missing bearer token: send metadata 'authorization: Bearer TOKEN'"
-        roles = self._roles.get(_digest(token))
-        if roles is None:
-            return grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token"
-        if not roles & allowed:
-            return (grpc.StatusCode.PERMISSION_DENIED,
-                    f"{method} needs role {' or '.join(sorted(allowed))}; this token has {', '.join(sorted(roles))}")
-        return None
+        return grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token"
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        refusal = self.check(handler_call_details.method, handler_call_details.invocation_metadata)
+        method: str = handler_call_details.method  # type: ignore[attr-defined]
+        metadata = handler_call_details.invocation_metadata  # type: ignore[attr-defined]
         handler = await continuation(handler_call_details)
-        if refusal is None or handler is None:
-            return handler
-        return _refusing(*refusal)
+        if handler is None:
+            return None
+        token = bearer_token(metadata)
+        if self._certificates is not None and roles_for(method) and self._token_roles(token) is None:
+            return self._certificate_gate(handler, method, token)
+        refusal = self.check(method, metadata)
+        return handler if refusal is None else _refusing(*refusal)
+
+    def _certificate_gate(self, handler: grpc.RpcMethodHandler, method: str,
+                          token: str | None) -> grpc.RpcMethodHandler:
+        """`handler` behind a check of the client certificate. It is served as a stream whatever its shape
+        (as _refusing is), so that a refused call's message is never read; an accepted call is then
+        served as its own shape would be (_serve)."""
+        h: Any = handler
+        behavior = h.unary_unary or h.unary_stream or h.stream_unary or h.stream_stream
+        if not (inspect.iscoroutinefunction(behavior) or inspect.isasyncgenfunction(behavior)):
+            return _refusing(grpc.StatusCode.UNIMPLEMENTED, f"{method} cannot be served to a client certificate")
+        allowed = roles_for(method)
+
+        async def gate(requests: Any, context: grpc.aio.ServicerContext) -> None:
+            cert = self.certificate(context.auth_context())
+            refusal = self._judge(method, allowed, cert, token)
+            if refusal is not None:  # a status set, not an AbortError raised (see api/common.rpc)
+                context.set_code(refusal[0])
+                context.set_details(refusal[1])
+                return
+            _CALL_CERTIFICATE.set(cert)
+            await _serve(h, behavior, requests, context)
+
+        return grpc.stream_stream_rpc_method_handler(gate, request_deserializer=h.request_deserializer,
+                                                     response_serializer=h.response_serializer)
+
+
+async def _serve(h: Any, behavior: Callable[..., Any], requests: Any, context: grpc.aio.ServicerContext) -> None:
+    """Serve a call of `h`'s shape from a stream handler: read its one request (the stream itself when it
+    streams), and write what the behavior returns or yields, as grpc's own unary paths would."""
+    if h.request_streaming:
+        request = requests
+    else:
+        request = await context.read()
+        if request is grpc.aio.EOF:  # the client went away before sending it (grpc's unary path returns too)
+            return
+    if inspect.isasyncgenfunction(behavior):
+        async for response in behavior(request, context):
+            await context.write(response)
+        return
+    response = await behavior(request, context)
+    # A unary response is sent unless the behavior set a status of failure (grpc drops it then).
+    if not h.response_streaming and response is not None and context.code() in (None, grpc.StatusCode.OK):
+        await context.write(response)
 
 
 def is_loopback(host: str) -> bool:
@@ -215,8 +408,9 @@ def require_safe_listen(host: str, auth_enabled: bool, allow_insecure: bool) -> 
         return
     raise SecurityConfigError(
         f"refusing to listen on {host or '0.0.0.0'} without authentication: anyone who reaches that address could "
-        "cancel runs and take work. Give --tokens-file (or CYCLONE_TOKENS) or --tls-client-ca (mTLS), listen on "
-        "127.0.0.1, or pass --insecure-allow-no-auth if a proxy in front of the server authenticates callers.")
+        "cancel runs and take work. Give --tokens-file (or CYCLONE_TOKENS) or --tls-client-ca with "
+        "--tls-client-roles (mTLS), listen on 127.0.0.1, or pass --insecure-allow-no-auth if a proxy in front of "
+        "the server authenticates callers.")
 
 
 def _read(path: str, flag: str) -> bytes:
@@ -249,11 +443,22 @@ def server_security(args: argparse.Namespace) -> tuple[list[grpc.aio.ServerInter
         raise SecurityConfigError("--tls-cert and --tls-key must be given together")
     if args.tls_client_ca and not args.tls_cert:
         raise SecurityConfigError("--tls-client-ca (mTLS) needs --tls-cert and --tls-key")
+    certificates = None
+    if args.tls_client_roles:
+        if not args.tls_client_ca:
+            raise SecurityConfigError("--tls-client-roles needs --tls-client-ca (mTLS): without it no client "
+                                      "presents a certificate")
+        certificates = load_certificate_roles(args.tls_client_roles)
+    elif args.tls_client_ca and not tokens:
+        raise SecurityConfigError(
+            "--tls-client-ca (mTLS) needs --tls-client-roles PATH, or tokens: a client certificate has no role "
+            "unless a --tls-client-roles file gives it some (lines 'IDENTITY ROLE[,ROLE]', IDENTITY being "
+            f"{IDENTITY_HELP}); callers may also send tokens (--tokens-file or CYCLONE_TOKENS)")
     credentials = server_credentials(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
     host = _listen_host(getattr(args, "listen", None))
     if host is not None:
-        require_safe_listen(host, bool(tokens) or bool(args.tls_client_ca), args.insecure_allow_no_auth)
-    return ([TokenAuthInterceptor(tokens)] if tokens else []), credentials
+        require_safe_listen(host, bool(tokens) or bool(certificates), args.insecure_allow_no_auth)
+    return ([TokenAuthInterceptor(tokens, certificates)] if tokens or certificates else []), credentials
 
 
 # -- client side ---------------------------------------------------------------------------
@@ -330,6 +535,7 @@ def open_channel(address: str, *, token: str | None = None, tls: bool = False, c
 
 
 __all__ = ["ROLES", "METHOD_ROLES", "SecurityConfigError", "roles_for", "parse_tokens", "load_tokens",
-           "TokenAuthInterceptor", "is_loopback", "require_safe_listen", "server_credentials",
+           "IDENTITY_FORMS", "certificate_identity", "parse_certificate_roles", "load_certificate_roles",
+           "certificate_identities", "TokenAuthInterceptor", "is_loopback", "require_safe_listen", "server_credentials",
            "server_security", "bearer_metadata", "token_call_credentials", "channel_credentials",
            "bearer_interceptors", "open_channel"]

@@ -148,7 +148,11 @@ SETTINGS: tuple[Setting, ...] = (
             metavar="PATH", group="security", unset="plaintext"),
     Setting("--tls-key", "CYCLONE_TLS_KEY", "server private key, PEM", metavar="PATH", group="security", unset="none"),
     Setting("--tls-client-ca", "CYCLONE_TLS_CLIENT_CA", "CA bundle that client certificates must chain to "
-            "(enables mTLS)", metavar="PATH", group="security", unset="no mTLS"),
+            "(enables mTLS; needs --tls-client-roles or tokens)", metavar="PATH", group="security", unset="no mTLS"),
+    Setting("--tls-client-roles", "CYCLONE_TLS_CLIENT_ROLES", "roles of client certificates (mTLS), one "
+            "'IDENTITY ROLE[,ROLE]' per line, IDENTITY being CN=NAME or a subject alternative name DNS:NAME, "
+            "URI:URI, email:ADDRESS or IP:ADDRESS; a certificate not listed has no role", metavar="PATH",
+            group="security", unset="no certificate roles"),
     Setting("--insecure-allow-no-auth", "CYCLONE_INSECURE_ALLOW_NO_AUTH", "serve without tokens or mTLS on a "
             "non-loopback address (only behind an authenticating proxy)", switch=True, group="security"),
     Setting("--log-level", "CYCLONE_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR", default="INFO", type=str.upper,
@@ -197,8 +201,8 @@ class Settings:
     http_listen: str | None = None
     # (certificate chain, key) PEM files: the HTTP port serves HTTPS with them (--tls-cert/--tls-key).
     http_tls: tuple[str, str] | None = None
-    # From auth.server_security: the token interceptor (when tokens are configured) and
-    # TLS / mTLS credentials (None: plaintext).
+    # From auth.server_security: the auth interceptor (when tokens or certificate roles are
+    # configured) and TLS / mTLS credentials (None: plaintext).
     interceptors: list[grpc.aio.ServerInterceptor] = field(default_factory=list)
     credentials: grpc.ServerCredentials | None = None
 
@@ -228,7 +232,12 @@ def from_args(args: argparse.Namespace) -> Settings:
         raise SettingsError(str(e)) from None
     if args.http_listen:  # the console acts on runs: the gRPC port's rule, and only tokens authenticate it
         http_host = split_host_port(args.http_listen, what="--http-listen")[0]
-        has_tokens = any(isinstance(i, auth.TokenAuthInterceptor) for i in interceptors)
+        has_tokens = any(isinstance(i, auth.TokenAuthInterceptor) and i.has_tokens for i in interceptors)
+        if interceptors and not has_tokens:  # certificate roles only: nobody could sign in to the console
+            raise SettingsError(
+                "--http-listen: the web console signs in with bearer tokens, and this server has none (client "
+                "certificates authenticate gRPC calls only): give --tokens-file (or CYCLONE_TOKENS) with a token "
+                "of role submit or admin for the console, or drop --http-listen.")
         if not (has_tokens or args.insecure_allow_no_auth or auth.is_loopback(http_host)):
             raise SettingsError(
                 f"--http-listen: refusing to serve the web console on {http_host} without tokens: anyone who "

@@ -1,4 +1,4 @@
-"""Auth over a real port: each role is let through or refused per RPC, unary and streaming; TLS and mTLS.
+"""Auth over a real port: each role is let through or refused per RPC, unary and streaming; TLS, mTLS, certificate roles.
 
 The server is a real grpc.aio server with the auth interceptor in front of servicers built
 from the generated base classes, answering fixed responses (what is tested is the gate,
@@ -185,18 +185,39 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+# Client certificates of the test CA (certs), by file name: (subject CN, subject alternative names).
+CLIENT_CERTS = {
+    "client": ("cyclone-test-client", ""),
+    "admin": ("cyclone-test-admin", ""),
+    "san": ("cyclone-test-san", "DNS:Submitter.Cyclone.Test,URI:spiffe://cyclone.test/worker,IP:10.1.2.3"),
+    "stranger": ("cyclone-test-stranger", "DNS:stranger.cyclone.test,email:stranger@cyclone.test"),
+}
+# Their roles (--tls-client-roles): "client" is a worker, "admin" an admin; "san" is known by two of
+# its SANs only (DNS names match whatever their case), and so has worker and submit; "stranger" is
+# not listed (its DNS name is, as a URI, which is another name).
+CLIENT_ROLES_TEXT = """# identity                        roles
+CN=cyclone-test-client            worker
+cn=cyclone-test-admin             admin
+DNS:submitter.cyclone.test        submit
+URI:spiffe://cyclone.test/worker  worker
+URI:stranger.cyclone.test         admin
+"""
+
+
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
+    """A CA, a server certificate for 127.0.0.1/localhost and the client certificates of CLIENT_CERTS
+    (NAME.pem, NAME.key), all signed by the CA."""
     d = tmp_path_factory.mktemp("certs")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=cyclone-test-ca",
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign", cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"),
-                      ("client", "extendedKeyUsage=clientAuth\n")):
+    clients = [(name, cn, (f"subjectAltName={sans}\n" if sans else "") + "extendedKeyUsage=clientAuth\n")
+               for name, (cn, sans) in CLIENT_CERTS.items()]
+    for name, cn, ext in (("server", "cyclone-test-server",
+                           "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"), *clients):
         (d / f"{name}.ext").write_text(ext)
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN=cyclone-test-{name}",
-                 cwd=d)
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
     yield d
@@ -232,21 +253,131 @@ async def test_tls_with_tokens(certs: Path, tmp_path: Path) -> None:
         await server.stop(None)
 
 
-async def test_mtls_requires_a_client_certificate(certs: Path) -> None:
-    args = _server_args("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
-                        "--tls-client-ca", str(certs / "ca.pem"), "--listen", "0.0.0.0:0")
-    interceptors, credentials = auth.server_security(args)  # mTLS counts as auth on 0.0.0.0
-    assert interceptors == [] and credentials is not None
+def _mtls_args(certs: Path, tmp_path: Path, *argv: str, roles: str | None = CLIENT_ROLES_TEXT) -> Any:
+    """Server flags for mTLS with the test CA, the certificate roles `roles` (None: no such file) and `argv`."""
+    extra = list(argv)
+    if roles is not None:
+        (tmp_path / "client-roles").write_text(roles)
+        extra += ["--tls-client-roles", str(tmp_path / "client-roles")]
+    return _server_args("--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+                        "--tls-client-ca", str(certs / "ca.pem"), *extra)
+
+
+def _as(certs: Path, address: str, name: str, token: str | None = None) -> grpc.aio.Channel:
+    """A channel presenting the client certificate `name` (and sending `token`)."""
+    return auth.open_channel(address, token=token, ca_file=str(certs / "ca.pem"), cert_file=str(certs / f"{name}.pem"),
+                             key_file=str(certs / f"{name}.key"))
+
+
+async def _details(channel: grpc.aio.Channel, method: str) -> tuple[grpc.StatusCode, str]:
+    call = channel.unary_unary(f"/cyclone.v1.{method}", request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=lambda b: b)
+    try:
+        await call(_request_class(method)(), timeout=30)
+        return grpc.StatusCode.OK, ""
+    except grpc.aio.AioRpcError as e:
+        return e.code(), e.details() or ""
+
+
+async def test_mtls_requires_a_client_certificate(certs: Path, tmp_path: Path) -> None:
+    args = _mtls_args(certs, tmp_path, "--listen", "0.0.0.0:0")
+    interceptors, credentials = auth.server_security(args)  # certificate roles count as auth on 0.0.0.0
+    assert [type(i) for i in interceptors] == [auth.TokenAuthInterceptor] and credentials is not None
     server, address = await _start(interceptors, credentials)
     try:
-        async with auth.open_channel(address, ca_file=str(certs / "ca.pem"), cert_file=str(certs / "client.pem"),
-                                     key_file=str(certs / "client.key")) as channel:
+        async with _as(certs, address, "admin") as channel:
             assert await _health(channel) == grpc.StatusCode.OK
             assert await _call(channel, "Runs/CancelRun") == grpc.StatusCode.OK
-            assert (await _connect(channel))[0] == grpc.StatusCode.OK
         async with auth.open_channel(address, ca_file=str(certs / "ca.pem")) as channel:  # no client certificate
             assert await _health(channel) == grpc.StatusCode.UNAVAILABLE
         async with grpc.aio.insecure_channel(address) as channel:
             assert await _health(channel) == grpc.StatusCode.UNAVAILABLE
     finally:
         await server.stop(None)
+
+
+def test_mtls_without_certificate_roles_or_tokens_is_refused(certs: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # It gave every certificate of the CA every role; now it names what to add.
+    monkeypatch.delenv("CYCLONE_TOKENS", raising=False)
+    with pytest.raises(auth.SecurityConfigError, match="--tls-client-ca .*needs --tls-client-roles PATH, or tokens"):
+        auth.server_security(_mtls_args(certs, tmp_path, roles=None))
+    (tmp_path / "tokens").write_text(TOKENS_TEXT)  # mTLS for the transport, tokens for the roles: as before
+    interceptors, _ = auth.server_security(_mtls_args(certs, tmp_path, "--tokens-file", str(tmp_path / "tokens"),
+                                                      roles=None))
+    assert [type(i) for i in interceptors] == [auth.TokenAuthInterceptor]
+
+
+@pytest.fixture
+async def mtls_server(certs: Path, tmp_path: Path) -> AsyncIterator[str]:
+    """A server with mTLS, CLIENT_ROLES_TEXT and the test tokens."""
+    (tmp_path / "tokens").write_text(TOKENS_TEXT)
+    server, address = await _start(*auth.server_security(
+        _mtls_args(certs, tmp_path, "--tokens-file", str(tmp_path / "tokens"))))
+    yield address
+    await server.stop(None)
+
+
+@pytest.mark.parametrize("name, allowed, stream", [
+    ("client", set(), grpc.StatusCode.OK),
+    ("admin", set(SUBMIT_RPCS) | set(ADMIN_RPCS), grpc.StatusCode.PERMISSION_DENIED),
+    ("san", set(SUBMIT_RPCS), grpc.StatusCode.OK),  # DNS name -> submit, URI -> worker
+])
+async def test_each_certificate_may_call_exactly_the_rpcs_of_its_roles(
+        certs: Path, mtls_server: str, name: str, allowed: set[str], stream: grpc.StatusCode) -> None:
+    async with _as(certs, mtls_server, name) as channel:
+        codes = {m: await _details(channel, m) for m in SUBMIT_RPCS + ADMIN_RPCS}
+        assert {m for m, (c, _) in codes.items() if c == grpc.StatusCode.OK} == allowed
+        for m, (code, details) in codes.items():
+            if m not in allowed:
+                assert code == grpc.StatusCode.PERMISSION_DENIED, (m, code, details)
+                assert "needs role" in details and f"CN=cyclone-test-{name}" in details, details
+        code, detail = await _connect(channel, hello=stream == grpc.StatusCode.OK)
+        assert code == stream, detail
+        if stream == grpc.StatusCode.OK:
+            assert detail == "w1"  # the servicer behind the gate answered the Hello
+        else:
+            assert "needs role worker" in detail and "this client certificate" in detail
+
+
+async def test_an_unlisted_certificate_of_the_ca_is_unauthenticated(certs: Path, mtls_server: str) -> None:
+    async with _as(certs, mtls_server, "stranger") as channel:
+        assert await _health(channel) == grpc.StatusCode.OK  # the TLS handshake passed: the CA signed it
+        for method in ("Runs/GetRun", "Runs/CancelRun", "Admin/GetStats"):
+            code, details = await _details(channel, method)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (method, code, details)
+            # Its names, as --tls-client-roles would write them; its DNS name is listed only as a URI.
+            assert ("CN=cyclone-test-stranger, DNS:stranger.cyclone.test, email:stranger@cyclone.test" in details
+                    and "--tls-client-roles" in details), details
+        code, details = await _connect(channel, hello=False)
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "CN=cyclone-test-stranger" in details
+
+
+async def test_a_valid_token_decides_alone_over_mtls(certs: Path, mtls_server: str) -> None:
+    async with _as(certs, mtls_server, "stranger", token=TOKENS["admin"]) as channel:
+        assert await _call(channel, "Runs/CancelRun") == grpc.StatusCode.OK  # an unlisted certificate, a token
+    async with _as(certs, mtls_server, "admin", token=TOKENS["worker"]) as channel:
+        code, details = await _details(channel, "Runs/CancelRun")  # the token's roles, not the certificate's
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "this token has worker" in details, details
+        assert (await _connect(channel))[0] == grpc.StatusCode.OK
+    async with _as(certs, mtls_server, "client", token=TOKENS["submit"]) as channel:
+        assert (await _connect(channel, hello=False))[0] == grpc.StatusCode.PERMISSION_DENIED
+    # A token the server does not know leaves the call to the certificate, and the answer says so.
+    async with _as(certs, mtls_server, "admin", token="not-a-known-token-0123456789") as channel:
+        assert await _call(channel, "Runs/CancelRun") == grpc.StatusCode.OK
+    async with _as(certs, mtls_server, "stranger", token="not-a-known-token-0123456789") as channel:
+        code, details = await _details(channel, "Runs/GetRun")
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "the bearer token sent is not known" in details
+
+
+async def test_a_refused_certificate_call_is_answered_before_its_message_is_read(certs: Path,
+                                                                                 mtls_server: str) -> None:
+    # The server reads messages of up to grpc's default 4 MiB: read, 8 MiB is RESOURCE_EXHAUSTED. A call
+    # refused for its certificate is answered without reading it, as a call without a token is.
+    big = runs_pb2.CancelRunRequest(run_id="x" * (8 << 20))
+    for name, expected in (("stranger", grpc.StatusCode.UNAUTHENTICATED), ("client", grpc.StatusCode.PERMISSION_DENIED),
+                           ("admin", grpc.StatusCode.RESOURCE_EXHAUSTED)):
+        async with _as(certs, mtls_server, name) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await runs_pb2_grpc.RunsStub(channel).CancelRun(big, timeout=30)
+        assert e.value.code() == expected, (name, e.value)

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cyclone_server.store.engine import Engine
 from cyclone_worker import Client, Context, CycloneClientError, Reconnect, Worker, Workflow
-from test_auth import TOKENS, TOKENS_TEXT, certs  # noqa: F401  (certs: the session fixture)
+from test_auth import CLIENT_ROLES_TEXT, TOKENS, TOKENS_TEXT, certs  # noqa: F401  (certs: the session fixture)
 
 DEADLINE = 60.0
 CLI = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
@@ -233,27 +233,110 @@ async def test_tls_with_tokens(start_server: Callable[..., Any], db_url: str, tm
     assert plain.returncode == 1
 
 
-async def test_mtls_without_tokens_on_all_interfaces(start_server: Callable[..., Any], db_url: str,
-                                                     certs: Path) -> None:  # noqa: F811
-    srv = start_server(db_url, extra_args=["--listen", "0.0.0.0:0", "--tls-cert", str(certs / "server.pem"),
-                                           "--tls-key", str(certs / "server.key"), "--tls-client-ca",
-                                           str(certs / "ca.pem")])
+def mtls(certs: Path, name: str) -> grpc.ChannelCredentials:
+    """Channel credentials presenting the client certificate `name` of test_auth.CLIENT_CERTS."""
+    return grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes(), (certs / f"{name}.key").read_bytes(),
+                                        (certs / f"{name}.pem").read_bytes())
+
+
+def mtls_flags(certs: Path, tmp_path: Path) -> list[str]:
+    """mTLS with the test CA, and the certificate roles of test_auth.CLIENT_ROLES_TEXT."""
+    roles = tmp_path / "client-roles"
+    roles.write_text(CLIENT_ROLES_TEXT)
+    return ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+            "--tls-client-ca", str(certs / "ca.pem"), "--tls-client-roles", str(roles)]
+
+
+async def test_mtls_certificate_roles_on_all_interfaces(start_server: Callable[..., Any], db_url: str, certs: Path,
+                                                        tmp_path: Path) -> None:  # noqa: F811
+    # Certificate "client" is a worker, "admin" an admin, "san" a submitter (by its DNS name) and a
+    # worker (by its URI); "stranger", signed by the same CA, is not listed.
+    srv = start_server(db_url, extra_args=["--listen", "0.0.0.0:0", *mtls_flags(certs, tmp_path)])
     address = loopback(srv.address)
-    ca = (certs / "ca.pem").read_bytes()
-    mtls = grpc.ssl_channel_credentials(ca, (certs / "client.key").read_bytes(), (certs / "client.pem").read_bytes())
-    worker = Worker(address, tls=mtls, reconnect=None, grace=2.0)
+    worker = Worker(address, tls=mtls(certs, "client"), reconnect=None, grace=2.0)
     worker.register("a", lambda ctx: {"over": "mtls"})
-    async with Client(address, tls=mtls) as client, worker:
-        await client.register(Workflow("base").task("a"))
-        await client.register(Workflow("unserved").task("b"))  # no worker takes b: the run waits to be cancelled
-        run_id = await client.submit("base")
-        assert await client.result(run_id, timeout=DEADLINE) == {"a": {"over": "mtls"}}
-        assert (await client.cancel(await client.submit("unserved"))).state == "cancelled"  # mTLS alone: every role
+    async with Client(address, tls=mtls(certs, "admin")) as admin, \
+            Client(address, tls=mtls(certs, "san")) as submitter, \
+            Client(address, tls=mtls(certs, "client")) as as_worker, \
+            Client(address, tls=mtls(certs, "stranger")) as stranger, worker:
+        await submitter.register(Workflow("base").task("a"))
+        await admin.register(Workflow("unserved").task("b"))  # no worker takes b: the run waits to be cancelled
+        run_id = await submitter.submit("base")
+        assert await submitter.result(run_id, timeout=DEADLINE) == {"a": {"over": "mtls"}}
+        waiting = await submitter.submit("unserved")
+        assert await code_of(as_worker.cancel(waiting)) == "PERMISSION_DENIED"
+        assert await code_of(submitter.cancel(waiting)) == "PERMISSION_DENIED"
+        assert await code_of(as_worker.list()) == "PERMISSION_DENIED"
+        assert await code_of(stranger.list()) == "UNAUTHENTICATED"
+        assert await code_of(stranger.cancel(waiting)) == "UNAUTHENTICATED"
+        assert (await admin.get(waiting)).state == "running"
+        assert (await admin.cancel(waiting)).state == "cancelled"
+        await admin.stats()  # the Admin service: admin only
+    for name, expected, says in (("stranger", "UNAUTHENTICATED", "(CN=cyclone-test-stranger, "),
+                                 ("admin", "PERMISSION_DENIED", "needs role worker")):
+        refused = Worker(address, tls=mtls(certs, name), reconnect=QUICK)
+        refused.register("a", lambda ctx: None)
+        with pytest.raises(CycloneClientError) as e:
+            async with refused:
+                pass
+        assert e.value.code.name == expected and says in e.value.message, e.value.message
+    ca = (certs / "ca.pem").read_bytes()
     assert await health(address, grpc.ssl_channel_credentials(ca)) == grpc.StatusCode.UNAVAILABLE  # no client cert
     assert await health(address) == grpc.StatusCode.UNAVAILABLE
-    listed = cli(address, "runs", "list", "--ca-file", str(certs / "ca.pem"), "--client-cert",
-                 str(certs / "client.pem"), "--client-key", str(certs / "client.key"))
+    tls = ["--ca-file", str(certs / "ca.pem")]
+    listed = cli(address, "runs", "list", *tls, "--client-cert", str(certs / "admin.pem"),
+                 "--client-key", str(certs / "admin.key"))
     assert listed.returncode == 0 and run_id in listed.stdout, listed.stderr
+    refused = cli(address, "stats", *tls, "--client-cert", str(certs / "san.pem"), "--client-key",
+                  str(certs / "san.key"))
+    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr, refused.stderr
+
+
+def test_mtls_without_certificate_roles_or_tokens_refuses_to_start(db_url: str, certs: Path) -> None:  # noqa: F811
+    # mTLS alone gave every certificate of the CA every role; the server now says what to add.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CYCLONE_")}
+    proc = subprocess.run([sys.executable, "-m", "cyclone_server", "--database-url", db_url, "--listen", "127.0.0.1:0",
+                           "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+                           "--tls-client-ca", str(certs / "ca.pem")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "--tls-client-ca (mTLS) needs --tls-client-roles PATH, or tokens" in proc.stderr, proc.stderr
+    assert "--tokens-file" in proc.stderr
+
+
+async def test_tokens_and_certificate_roles_together(start_server: Callable[..., Any], db_url: str, certs: Path,
+                                                     tmp_path: Path) -> None:  # noqa: F811
+    """A valid token decides alone; without one the certificate does, for the schedules' role check too."""
+    from cyclone_proto import runs_pb2, schedules_pb2, schedules_pb2_grpc
+
+    P = schedules_pb2
+    srv = start_server(db_url, extra_args=["--tokens-file", tokens_file(tmp_path), *mtls_flags(certs, tmp_path)])
+    async with Client(srv.address, tls=mtls(certs, "stranger"), token=TOKENS["admin"]) as stranger_with_token, \
+            Client(srv.address, tls=mtls(certs, "admin"), token=TOKENS["submit"]) as admin_with_submit_token:
+        await stranger_with_token.register(Workflow("base").task("a"))
+        run_id = await admin_with_submit_token.submit("base")
+        assert await code_of(admin_with_submit_token.cancel(run_id)) == "PERMISSION_DENIED"  # the token's roles
+        assert (await stranger_with_token.cancel(run_id)).state == "cancelled"
+
+    def create(name: str) -> P.CreateScheduleRequest:
+        return P.CreateScheduleRequest(name=name, paused=True, settings=P.ScheduleSettings(
+            job=runs_pb2.EnqueueRequest(kind="nightly"), cron=P.CronSpec(expression="0 3 * * *"),
+            overlap=P.OVERLAP_POLICY_CANCEL_PREVIOUS))
+
+    # cancel_previous cancels runs: it needs the role admin, of the certificate when no token is sent.
+    for name, token, expected in (("san", None, grpc.StatusCode.PERMISSION_DENIED), ("admin", None, None),
+                                  ("client", TOKENS["admin"], None),
+                                  ("admin", TOKENS["submit"], grpc.StatusCode.PERMISSION_DENIED)):
+        metadata = (("authorization", f"Bearer {token}"),) if token else None
+        async with grpc.aio.secure_channel(srv.address, mtls(certs, name)) as channel:
+            call = schedules_pb2_grpc.SchedulesStub(channel).CreateSchedule(
+                create(f"by_{name}_{'token' if token else 'cert'}"), metadata=metadata, timeout=30)
+            if expected is None:
+                assert (await call).created
+                continue
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call
+            assert e.value.code() == expected and "cancel_previous" in (e.value.details() or ""), e.value
 
 
 def test_refuses_all_interfaces_without_auth(db_url: str) -> None:
