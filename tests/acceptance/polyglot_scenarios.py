@@ -1,10 +1,11 @@
-"""The scenarios every non-Python demo worker must pass end to end; a test module subclasses
-`WorkerScenarios` and names the language (see polyglot_harness.py for the workers).
+"""The scenarios every demo worker (Node, Go, Python) must pass end to end; a test module
+subclasses `WorkerScenarios` and names the language (see polyglot_harness.py for the workers).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from cyclone_proto import types_pb2
-from polyglot_harness import (DemoWorker, Runs, StreamBreaker, WorkerFixtures, state_name, step_of, task, to_py,
-                              wait_for_file)
+from cyclone_proto import types_pb2, workflows_pb2
+from cyclone_worker import Client, Workflow
+from polyglot_harness import (DEADLINE, DemoWorker, Runs, StreamBreaker, WorkerFixtures, state_name, step_of, task,
+                              to_py, wait_for_file)
 from waits_helpers import until
 
 RUNNING, COMPLETED = types_pb2.STEP_STATE_RUNNING, types_pb2.STEP_STATE_COMPLETED
@@ -58,8 +60,8 @@ class WorkerScenarios(WorkerFixtures):
         assert (c.state, c.cancel_cause) == (types_pb2.STEP_STATE_CANCELLED, "fail_fast")
 
     async def test_a_failure_sends_its_stack_as_details(self, server: Any, runs: Runs, launch_worker: Any) -> None:
-        """Failed.details: Node sends the error's stack; Go, whose errors have none, the chain of
-        wrapped errors, and for a panic the panicking goroutine's stack."""
+        """Failed.details: Node sends the error's stack, Python the formatted traceback; Go, whose
+        errors have none, the chain of wrapped errors, and for a panic the panicking goroutine's stack."""
         launch_worker(self.lang, server.address, {"broken": "permanent", "boom": "panic"})
         # Two runs: in one, the first discard would cancel the other node (fail-fast).
         a = step_of(await runs.wait(await runs.start("details-a", [task("a", "broken")])), "a")
@@ -71,6 +73,10 @@ class WorkerScenarios(WorkerFixtures):
         if self.lang == "go":
             assert "goroutine " in details and "main.explode" in details
             assert a.errors[-1].details.startswith("worker.permanentError: planned permanent failure of a\n")
+        elif self.lang == "python":
+            assert details.startswith("Traceback (most recent call last):\n"), details
+            assert ", in explode\n" in details and details.endswith("TypeError: demo explosion in b\n")
+            assert a.errors[-1].details.startswith("Traceback (most recent call last):\n")
         else:
             assert details.startswith("TypeError: demo explosion in b\n") and "at explode" in details
             assert "\n    at " in a.errors[-1].details
@@ -185,6 +191,9 @@ class WorkerScenarios(WorkerFixtures):
         # The handler outlived the 3 s TTL: only renewals of the held lease kept it from a reclaim.
         assert (done.lease_generation, done.reclaims, done.lease_owner) == (1, 0, worker.worker_id)
         assert worker.log_text().count("welcome from") == 2
+        # The second Hello listed the lease (the server logs each Hello's held leases).
+        hellos = re.findall(rf"worker {re.escape(worker.worker_id)} connected \(.*, (\d+) held\)", server.log_text())
+        assert hellos == ["0", "1"], hellos
 
     async def test_reconnect_delivers_a_result_made_while_disconnected(
             self, start_server: Any, db_url: str, launch_worker: Any, markers: Path) -> None:
@@ -205,6 +214,8 @@ class WorkerScenarios(WorkerFixtures):
         # Hello listed the held lease, the server kept it, and the result was applied under it.
         assert (done.lease_generation, done.reclaims, done.lease_owner) == (1, 0, worker.worker_id)
         assert worker.log_text().count("welcome from") == 2
+        hellos = re.findall(rf"worker {re.escape(worker.worker_id)} connected \(.*, (\d+) held\)", server.log_text())
+        assert hellos == ["0", "1"], hellos
 
     async def test_the_lease_carries_the_submitters_trace_context(self, server: Any, runs: Runs,
                                                                    launch_worker: Any) -> None:
@@ -225,3 +236,85 @@ class WorkerScenarios(WorkerFixtures):
         if self.lang == "go":
             without["from_context"] = True
         assert to_py(step_of(await runs.wait(plain), "a").output) == without
+
+    async def test_faildelay_asks_for_its_own_retry_delay(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        """faildelay:N:MS sends Failed.retry_delay: the node's backoff (0.1 s here) is replaced."""
+        worker = launch_worker(self.lang, server.address, {"slowretry": "faildelay:2:1500"})
+        run = await runs.wait(await runs.start("faildelay", [task("a", "slowretry", max_attempts=5)], {"value": 1}))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        a = step_of(run, "a")
+        assert (a.attempt, [e.attempt for e in a.errors]) == (3, [1, 2])
+        assert a.errors[0].message == "planned failure 1 of 2, retry in 1500 ms"
+        # Each retry could not start before the 1.5 s the handler asked for (a lower bound: no
+        # claim on the machine's speed); with the node's backoff it would have been ~0.1 s.
+        gaps = [a.errors[1].at.ToDatetime() - a.errors[0].at.ToDatetime(),
+                a.started_at.ToDatetime() - a.errors[1].at.ToDatetime()]
+        assert all(gap.total_seconds() >= 1.5 for gap in gaps), gaps
+        assert to_py(a.output) == {**self.expected(worker, "a", 2, {}), "attempt": 3}
+
+    async def test_submit_starts_a_child_run_through_the_sdk_client(self, server: Any, runs: Runs,
+                                                                     launch_worker: Any) -> None:
+        """submit:WORKFLOW: the handler submits a run with its SDK's client, waits for its result,
+        and the run joins the handler's trace (the client sends the lease's traceparent)."""
+        worker = launch_worker(self.lang, server.address, {"parent": f"submit:{self.lang}-child", "ok": "succeed",
+                                                            "traced": "trace"}, slots=2)
+        await runs.workflows.RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(
+            name=f"{self.lang}-child", nodes=[task("c", "ok"), task("t", "traced")]))
+        traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        run = await runs.wait(await runs.start(f"{self.lang}-parent", [task("p", "parent")],
+                                               metadata=(("traceparent", traceparent),)))
+        assert state_name(run) == "RUN_STATE_COMPLETED", run
+        p = step_of(run, "p")
+        out = to_py(p.output)
+        assert out["lang"] == self.lang
+        child = await runs.wait(out["child_run"])
+        assert state_name(child) == "RUN_STATE_COMPLETED"
+        assert to_py(child.input) == {"parent_step": p.id}
+        assert out["child_result"] == to_py(child.result)
+        assert out["child_result"]["c"] == self.expected(worker, "c", 1, {})
+        assert out["child_result"]["t"]["traceparent"] == traceparent
+
+    async def test_signal_reaches_the_handlers_own_run(self, server: Any, runs: Runs, launch_worker: Any) -> None:
+        """signal:NAME: the handler signals its own run; the waiting signal node completes with
+        the payload, and the handler then succeeds."""
+        worker = launch_worker(self.lang, server.address, {"sender": f"signal:{self.lang}-done"})
+        wait = types_pb2.Node(id="wait", type=types_pb2.NODE_TYPE_SIGNAL, signal=f"{self.lang}-done")
+        run = await runs.wait(await runs.start(f"{self.lang}-signal", [task("s", "sender"), wait], {"value": 3}))
+        assert state_name(run) == "RUN_STATE_COMPLETED"
+        s = step_of(run, "s")
+        assert to_py(step_of(run, "wait").output) == {"from": self.lang, "step": s.id}
+        assert to_py(s.output) == self.expected(worker, "s", 4, {})
+
+
+class TokenScenarios(WorkerFixtures):
+    """A server with bearer tokens: the demo worker's `--token` goes on its stream and on the
+    calls its handlers make with the SDK's client. (Not in WorkerScenarios: `--token` is not
+    part of the command line every demo worker must take.)"""
+
+    lang: str
+    TOKENS = "worker-submit-token-0123456789 worker,submit\nadmin-token-0123456789012345 admin\n"
+
+    async def test_a_token_opens_the_stream_and_the_handlers_client_calls(
+            self, start_server: Any, db_url: str, launch_worker: Any, tmp_path: Path) -> None:
+        tokens = tmp_path / "tokens"
+        tokens.write_text(self.TOKENS)
+        server = start_server(db_url, extra_args=["--tokens-file", str(tokens)])
+        # A wrong token is fatal: the worker exits at once instead of reconnecting.
+        refused = launch_worker(self.lang, server.address, {"ok": "succeed"}, token="not-a-token-0123456789")
+        assert await asyncio.to_thread(refused.proc.wait, 30) != 0
+        assert "UNAUTHENTICATED" in refused.log_text() or "Unauthenticated" in refused.log_text()
+        worker = launch_worker(self.lang, server.address, {"spawn": "submit:tok-child", "ok": "succeed"}, slots=2,
+                               token="worker-submit-token-0123456789")
+        async with Client(server.address, token="admin-token-0123456789012345") as client:
+            await client.register(Workflow("tok-child").task("c", kind="ok"))
+            await client.register(Workflow("tok-parent").task("p", kind="spawn"))
+            run = await client.wait(await client.submit("tok-parent"), timeout=DEADLINE)
+            assert run.state == "completed", run
+            out = run.step("p").output
+            child = await client.get(out["child_run"])
+        assert (out["lang"], child.state, child.input) == (self.lang, "completed", {"parent_step": run.step("p").id})
+        assert out["child_result"] == {"c": self.expected(worker, "c", 1, {})}
+
+    def expected(self, worker: DemoWorker, node: str, value: int, parents: dict[str, str]) -> dict[str, Any]:
+        return {"lang": self.lang, "worker": worker.worker_id, "node": node, "attempt": 1,
+                "value": value, "from": parents}

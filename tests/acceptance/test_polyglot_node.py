@@ -1,11 +1,12 @@
-"""Acceptance: the TypeScript worker of examples/worker-node against the real server."""
+"""Acceptance: the Node demo worker of examples/worker-node (a small program on the TypeScript
+SDK, sdks/typescript) against the real server: every scenario of polyglot_scenarios.py."""
 
 import pytest
 
 pytest.register_assert_rewrite("polyglot_harness", "polyglot_scenarios")
 
-from polyglot_scenarios import WorkerScenarios  # noqa: E402  (after the assert rewrite hook)
+from polyglot_scenarios import TokenScenarios, WorkerScenarios  # noqa: E402  (after the assert rewrite hook)
 
 
-class TestNodeWorker(WorkerScenarios):
+class TestNodeWorker(WorkerScenarios, TokenScenarios):
     lang = "node"

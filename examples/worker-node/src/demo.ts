@@ -1,25 +1,39 @@
-// A demo worker whose behaviour per step kind is scripted on the command line, so that
-// tests can make it succeed, fail, snooze, wait for a Stop, or hang until killed.
+// A demo worker on the TypeScript SDK (cyclone-workflows) whose behaviour per step kind is
+// scripted on the command line, so that tests can make it succeed, fail, snooze, wait for a
+// Stop, hang until killed, or start runs and send signals from a handler.
 //
 //   node dist/demo.js --address 127.0.0.1:7233 --slots 2 --marker-dir /tmp/m \
-//     --kind extract=succeed --kind flaky=fail:2 --kind broken=permanent \
-//     --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 --kind stuck=hang \
-//     --kind traced=trace
+//     --kind extract=succeed --kind flaky=fail:2 --kind polite=faildelay:2:1500 \
+//     --kind broken=permanent --kind later=snooze:0.5 --kind slow=block --kind nap=sleep:2 \
+//     --kind stuck=hang --kind traced=trace --kind spawn=submit:child-wf --kind ping=signal:go
 
 import * as fs from 'node:fs';
 import * as path from 'node:path';
-import { Handler, Json, Lease, Permanent, Retry, Snooze, Stopped, Worker } from './worker';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import {
+  Client, type Context, type Handler, type Json, Permanent, RetryAfter, Snooze, Worker,
+} from 'cyclone-workflows';
 
 const LANG = 'node';
 
+interface Args {
+  address: string;
+  workerId: string;
+  slots: number;
+  markerDir: string;
+  token: string | undefined;
+  kinds: string[];
+}
+
 /** The output of a succeeding step: derived from the run input and the parents' outputs. */
-export function derive(lease: Lease, worker: string): Json {
+export function derive(ctx: Context, worker: string): Json {
   // value: the run input's "value" for a root node, else the sum of the parents' values; plus one.
-  const parents = Object.entries(lease.parents);
+  const parents = Object.entries(ctx.parents);
   let base = 0;
   const from: { [node: string]: Json } = {};
   if (parents.length === 0) {
-    const input = lease.input;
+    const input = ctx.input;
     if (input && typeof input === 'object' && !Array.isArray(input) && typeof input.value === 'number') base = input.value;
   }
   for (const [node, out] of parents) {
@@ -27,98 +41,127 @@ export function derive(lease: Lease, worker: string): Json {
     base += typeof o.value === 'number' ? o.value : 0;
     from[node] = typeof o.lang === 'string' ? o.lang : null;
   }
-  return { lang: LANG, worker, node: lease.node, attempt: lease.attempt, value: base + 1, from };
+  return { lang: LANG, worker, node: ctx.node, attempt: ctx.attempt, value: base + 1, from };
 }
 
 function explode(node: string): never {
   throw new TypeError(`demo explosion in ${node}`);
 }
 
-function behaviour(spec: string, markerDir: string, worker: string): Handler {
-  const [name, arg] = spec.split(':', 2);
+function behaviour(spec: string, args: Args, client: () => Client): Handler {
+  const [name, ...params] = spec.split(':');
+  const worker = args.workerId;
+  const marker = (ctx: Context, suffix: string, text: string) =>
+    fs.writeFileSync(path.join(args.markerDir, `${ctx.stepId}.${suffix}`), text);
   switch (name) {
     case 'succeed':
-      return (lease) => derive(lease, worker);
+      return (ctx) => derive(ctx, worker);
     case 'fail': {
-      const times = Number(arg ?? '1');
-      return (lease) => {
-        if (lease.attempt <= times) throw new Retry(`planned failure ${lease.attempt} of ${times}`, 100);
-        return derive(lease, worker);
+      // Fails attempts 1..N with a retry delay of 100 ms, then succeeds.
+      const times = Number(params[0] ?? '1');
+      return (ctx) => {
+        if (ctx.attempt <= times) throw new RetryAfter(100, `planned failure ${ctx.attempt} of ${times}`);
+        return derive(ctx, worker);
+      };
+    }
+    case 'faildelay': {
+      // Fails attempts 1..N asking for a retry delay of MS milliseconds, then succeeds.
+      const times = Number(params[0] ?? '1');
+      const delayMs = Number(params[1] ?? '1000');
+      return (ctx) => {
+        if (ctx.attempt <= times) {
+          throw new RetryAfter(delayMs, `planned failure ${ctx.attempt} of ${times}, retry in ${delayMs} ms`);
+        }
+        return derive(ctx, worker);
       };
     }
     case 'permanent':
-      return (lease) => {
-        throw new Permanent(`planned permanent failure of ${lease.node}`);
+      return (ctx) => {
+        throw new Permanent(`planned permanent failure of ${ctx.node}`);
       };
     case 'panic':
-      // A plain Error thrown two calls deep: its stack goes to the server as Failed.details.
-      return (lease) => explode(lease.node);
+      // A TypeError thrown two calls deep: its stack goes to the server as Failed.details.
+      return (ctx) => explode(ctx.node);
     case 'snooze': {
-      // Lease carries no snooze count, so this process remembers which steps it snoozed.
-      const snoozed = new Set<string>();
-      const delayMs = Number(arg ?? '0.5') * 1000;
-      return (lease) => {
-        if (!snoozed.has(lease.stepId)) {
-          snoozed.add(lease.stepId);
-          throw new Snooze(delayMs);
-        }
-        return derive(lease, worker);
+      // Snoozes S seconds the first time it sees the step (the lease counts its snoozes).
+      const delayMs = Number(params[0] ?? '0.5') * 1000;
+      return (ctx) => {
+        if (ctx.snoozes === 0) throw new Snooze(delayMs);
+        return derive(ctx, worker);
       };
     }
     case 'block':
-      return (lease, signal) => {
-        fs.writeFileSync(path.join(markerDir, `${lease.stepId}.started`), worker);
+      // Waits for its abort signal, then writes the Stop reason.
+      return (ctx) => {
+        marker(ctx, 'started', worker);
         return new Promise((_resolve, reject) => {
-          signal.addEventListener('abort', () => {
-            const reason = signal.reason instanceof Stopped ? signal.reason.reason : String(signal.reason);
-            fs.writeFileSync(path.join(markerDir, `${lease.stepId}.stopped`), reason);
-            reject(signal.reason);
-          });
+          ctx.signal.addEventListener('abort', () => {
+            marker(ctx, 'stopped', ctx.cancelReason);
+            reject(ctx.signal.reason);
+          }, { once: true });
         });
       };
     case 'sleep': {
-      // Succeeds after a while, even across a lost stream; marks when it is done.
-      const ms = Number(arg ?? '1') * 1000;
-      return async (lease, signal) => {
-        fs.writeFileSync(path.join(markerDir, `${lease.stepId}.started`), worker);
-        await new Promise<void>((resolve, reject) => {
-          const t = setTimeout(resolve, ms);
-          signal.addEventListener('abort', () => { clearTimeout(t); reject(signal.reason); });
-        });
-        fs.writeFileSync(path.join(markerDir, `${lease.stepId}.done`), worker);
-        return derive(lease, worker);
+      // Succeeds after S seconds, even across a lost stream; marks when it is done.
+      const ms = Number(params[0] ?? '1') * 1000;
+      return async (ctx) => {
+        marker(ctx, 'started', worker);
+        await sleep(ms, undefined, { signal: ctx.signal });
+        marker(ctx, 'done', worker);
+        return derive(ctx, worker);
       };
     }
     case 'big': {
-      // Returns {"blob": "xxx..."} of BYTES characters: over the server's payload limit,
-      // the worker sends only its size and the step is discarded (output_too_large).
-      const bytes = Number(arg ?? '2000000');
+      // {"blob": "xxx..."} of BYTES characters: over the server's limit, only its size is sent.
+      const bytes = Number(params[0] ?? '2000000');
       return () => ({ blob: 'x'.repeat(bytes) });
     }
     case 'trace':
-      // Returns the trace context the handler got, as parsed from the lease.
-      return (lease) => {
-        const t = lease.trace;
+      // The trace context the handler got, as the SDK parsed it from the lease.
+      return (ctx) => {
+        const t = ctx.trace;
         return t
           ? { lang: LANG, traceparent: t.traceparent, tracestate: t.tracestate, trace_id: t.traceId, span_id: t.spanId, sampled: t.sampled }
           : { lang: LANG, traceparent: '' };
       };
     case 'hang':
-      return (lease) => {
-        fs.writeFileSync(path.join(markerDir, `${lease.stepId}.started`), worker);
+      // Never returns, ignoring Stop (to be killed).
+      return (ctx) => {
+        marker(ctx, 'started', worker);
         return new Promise(() => undefined);
       };
+    case 'submit': {
+      // Starts a run of the registered workflow WORKFLOW, waits for it, returns its result.
+      const workflow = params.join(':');
+      if (!workflow) throw new Error('submit wants submit:WORKFLOW');
+      return async (ctx) => {
+        const runId = await client().submit(workflow, { parent_step: ctx.stepId });
+        const result = await client().result(runId, { signal: ctx.signal });
+        return { lang: LANG, child_run: runId, child_result: result };
+      };
+    }
+    case 'signal': {
+      // Sends the signal NAME to the handler's own run, then succeeds.
+      const signal = params.join(':');
+      if (!signal) throw new Error('signal wants signal:NAME');
+      return async (ctx) => {
+        await client().signal(ctx.runId, signal, { from: LANG, step: ctx.stepId });
+        return derive(ctx, worker);
+      };
+    }
     default:
-      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, permanent, panic, snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace or hang`);
+      throw new Error(`unknown behaviour ${JSON.stringify(spec)}: succeed, fail:N, faildelay:N:MS, permanent, panic, `
+        + 'snooze:SECONDS, block, sleep:SECONDS, big:BYTES, trace, hang, submit:WORKFLOW or signal:NAME');
   }
 }
 
-function parseArgs(argv: string[]): { address: string; workerId?: string; slots: number; markerDir: string; kinds: string[] } {
-  const out = {
+function parseArgs(argv: string[]): Args {
+  const out: Args = {
     address: process.env.CYCLONE_ADDRESS ?? '127.0.0.1:7233',
-    workerId: process.env.CYCLONE_WORKER_ID as string | undefined,
+    workerId: process.env.CYCLONE_WORKER_ID ?? `node-demo-${process.pid}`,
     slots: 1,
     markerDir: process.env.CYCLONE_MARKER_DIR ?? '.',
+    token: process.env.CYCLONE_TOKEN || undefined,
     kinds: (process.env.CYCLONE_KINDS ?? '').split(',').filter(Boolean),
   };
   for (let i = 0; i < argv.length; i += 2) {
@@ -128,6 +171,7 @@ function parseArgs(argv: string[]): { address: string; workerId?: string; slots:
     else if (flag === '--worker-id') out.workerId = value;
     else if (flag === '--slots') out.slots = Number(value);
     else if (flag === '--marker-dir') out.markerDir = value;
+    else if (flag === '--token') out.token = value;
     else if (flag === '--kind') out.kinds.push(value);
     else throw new Error(`unknown flag ${flag}`);
   }
@@ -137,27 +181,33 @@ function parseArgs(argv: string[]): { address: string; workerId?: string; slots:
 
 async function main(): Promise<void> {
   const args = parseArgs(process.argv.slice(2));
-  const handlers: Record<string, Handler> = {};
-  const workerId = args.workerId ?? `node-demo-${process.pid}`;
+  let client: Client | undefined;
+  const getClient = () => (client ??= new Client(args.address, { token: args.token }));
+  const worker = new Worker(args.address, {
+    slots: args.slots, workerId: args.workerId, token: args.token, graceMs: 10_000, signals: [],
+  });
   for (const spec of args.kinds) {
     const eq = spec.indexOf('=');
     if (eq < 1) throw new Error(`--kind wants NAME=BEHAVIOUR, got ${JSON.stringify(spec)}`);
-    handlers[spec.slice(0, eq)] = behaviour(spec.slice(eq + 1), args.markerDir, workerId);
+    worker.handle(spec.slice(0, eq), behaviour(spec.slice(eq + 1), args, getClient));
   }
-  const worker = new Worker({ address: args.address, handlers, slots: args.slots, workerId });
-  worker.on('lease', (l: Lease) => process.stderr.write(
-    `lease ${l.node} ${l.stepId}/${l.leaseGeneration} attempt ${l.attempt} trace ${l.trace ? `${l.trace.traceId}/${l.trace.spanId}` : '-'}\n`));
-  worker.on('ack', (l: Lease, status: string, detail: string) => process.stderr.write(`ack ${l.node} ${l.stepId}/${l.leaseGeneration} ${status} ${detail}\n`));
+  const say = (line: string) => process.stderr.write(`${line}\n`);
+  worker.on('welcome', ({ serverId, lost }) => say(`welcome from ${serverId}; ${lost} held lease(s) lost`));
+  worker.on('lease', (ctx) => say(`lease ${ctx.node} ${ctx.stepId}/${ctx.leaseGeneration} attempt ${ctx.attempt} `
+    + `trace ${ctx.trace ? `${ctx.trace.traceId}/${ctx.trace.spanId}` : '-'}`));
+  worker.on('ack', (ctx, status, detail) => say(`ack ${ctx.node} ${ctx.stepId}/${ctx.leaseGeneration} ${status} ${detail}`));
+  worker.on('stop', (ctx, reason) => say(`stop ${ctx.node} ${ctx.stepId}/${ctx.leaseGeneration} ${reason}`));
   for (const sig of ['SIGTERM', 'SIGINT'] as const) {
     process.on(sig, () => {
-      process.stderr.write(`${sig}: draining\n`);
-      void worker.stop(10_000);
+      say(`${sig}: draining`);
+      void worker.stop();
     });
   }
   await worker.run();
+  client?.close();
 }
 
-main().catch((err: unknown) => {
+main().then(() => process.exit(0), (err: unknown) => {
   process.stderr.write(`demo worker: ${err instanceof Error ? err.message : String(err)}\n`);
   process.exit(1);
 });
