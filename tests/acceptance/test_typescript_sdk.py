@@ -37,7 +37,7 @@ PRINTS = {
     "failures.ts": ["{ flaky: 3 }", "{ polite: 'ok' }", "{ waits_for_report: 'report ready' }",
                     "discarded max_attempts 2", "'TypeError: bad data in attempt 1'", "    at ", "1 2"],
     "cancellation.ts": ["'crunch stopped at ", ": cancelled'", "'watch stopped: cancelled'"],
-    "workflows.ts": ["{ approvedBy: 'audit', invoice: 'book-42.pdf' }", "bill:child:completed",
+    "workflows.ts": ["book-42.pdf audit", "bill:child:completed",
                      "approval:signal:completed", "cool-off:sleep:completed", "true"],
     "errors.ts": ["true", "paused [ 'paused', 'pending' ]", "cancelled [ 'operator', 'operator' ]",
                   "FAILED_PRECONDITION", "true 5", "cannot reach 127.0.0.1:1: connection refused"],
