@@ -159,3 +159,8 @@ def test_the_repository_cites_no_file_outside_it() -> None:
                             cwd=ROOT, capture_output=True, text=True)
     assert listed.returncode in (0, 1), listed.stderr  # 1: no match
     assert listed.stdout.split() == [], "cite docs/lifecycle.md instead"
+
+
+def test_the_benchmarks_page_is_a_short_report() -> None:
+    lines = len((ROOT / "docs" / "benchmarks.md").read_text().splitlines())
+    assert lines <= 400, f"docs/benchmarks.md has {lines} lines: a report of the current figures, not a history"
