@@ -247,7 +247,7 @@ class Console:
             rows = await self.engine.list_runs(states=[state] if state else [], workflow=workflow or None,
                                                created_after=created_after, created_before=created_before,
                                                limit=PAGE_SIZE + 1, after=after, steps=True, id_prefix=id_prefix)
-        except CycloneError as e:
+        except InvalidArgument as e:  # a filter the form sent: shown beside the form
             rows, error = [], e.message
         now = views.now()
         more = len(rows) > PAGE_SIZE
@@ -515,7 +515,7 @@ _STATUS_EXC: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden, 404: web.HTTPNotFound,
     409: web.HTTPConflict, 503: web.HTTPServiceUnavailable,
 }
-_HTTP_OF = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404,
+_HTTP_OF = {grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.NOT_FOUND: 404, grpc.StatusCode.UNAVAILABLE: 503,
             grpc.StatusCode.FAILED_PRECONDITION: 409, grpc.StatusCode.ALREADY_EXISTS: 409}
 
 

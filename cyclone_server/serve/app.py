@@ -236,14 +236,16 @@ class CycloneServer:
         m.add_source(refresh_schedules)
 
     async def _database(self, reachable: bool) -> None:
-        """Health follows the database: NOT_SERVING while no primary is reachable (load
-        balancers and probes send callers elsewhere), SERVING again once it is back."""
+        """The health of Cyclone's services follows the database: NOT_SERVING while no primary
+        is reachable (load balancers and readiness probes send callers elsewhere), SERVING
+        again once it is back. The server's overall health ("") stays SERVING: the process is
+        alive and its workers stay connected, so a liveness probe must not restart it."""
         if self.gate.closing:
             return  # stopping: health says NOT_SERVING for good
         status = health_pb2.HealthCheckResponse.SERVING if reachable else health_pb2.HealthCheckResponse.NOT_SERVING
         if not reachable:
             log.warning("the database is unreachable: health NOT_SERVING, calls UNAVAILABLE until it is back")
-        for name in ("", *SERVICE_NAMES):
+        for name in SERVICE_NAMES:
             await self.health.set(name, status)
 
     async def stop(self) -> None:

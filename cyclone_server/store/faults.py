@@ -2,9 +2,12 @@
 
 - A SQLSTATE that a SQL function raises on purpose (CY400, ...) becomes its error of
   SQLSTATE_ERRORS, with the function's message.
-- A lost or unreachable connection, a pool that has none to give, a deadlock or a
-  serialization failure (psycopg's OperationalError) becomes `Unavailable`: the
-  statement may be tried again; for a commit, its fate is unknown.
+- A lost or unreachable connection (SQLSTATE class 08, or none: the client's own), a pool
+  that has none to give, a server shutting down or refusing connections (57P01-57P03,
+  53300), a standby or demoted primary answering a write (25006, read-only, during a
+  failover), a deadlock or serialization failure (class 40) becomes `Unavailable`: the
+  statement may be tried again; for a commit, its fate is unknown. Other operational
+  errors (out of memory, a program limit) are `DatabaseError`: trying again would not help.
 - A value Postgres (or psycopg, before sending it) cannot take (DataError) becomes
   `InvalidArgument`: it is the caller's input.
 - Anything else becomes `DatabaseError` (INTERNAL).
@@ -29,11 +32,22 @@ def translate(e: psycopg.Error | PoolTimeout) -> CycloneError:
     cls = SQLSTATE_ERRORS.get(e.sqlstate or "")
     if cls is not None:
         return cls(message)
-    if isinstance(e, psycopg.OperationalError):
+    if _retryable(e):
         return Unavailable()
     if isinstance(e, psycopg.DataError):
         return InvalidArgument(f"invalid value: {message}")
     return DatabaseError(message)
+
+
+RETRYABLE_CLASSES = ("08", "40")
+RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+
+
+def _retryable(e: psycopg.Error) -> bool:
+    state = e.sqlstate
+    if state is None:  # raised by the client: the connection broke, or never was
+        return isinstance(e, psycopg.OperationalError)
+    return state[:2] in RETRYABLE_CLASSES or state in RETRYABLE_STATES
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ CHANNELS = ("cyclone_available", "cyclone_run_ended", "cyclone_schedules")
 
 
 class Notifier:
-    """One LISTEN connection per server process, on channels 'cyclone_available' and 'cyclone_run_ended'.
+    """One LISTEN connection per server process, on the channels of CHANNELS.
 
     The SQL functions pg_notify these channels with few payloads ('' mostly; 'top' on
     'cyclone_run_ended' when only top-level runs ended), so Postgres folds them to one or

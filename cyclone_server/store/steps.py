@@ -96,11 +96,11 @@ class StepStore(Core):
         applied again, found their lease ended: the status each had if it did commit, that
         is if its step holds this lease's generation and this result's outcome; else None.
 
-        A completion left its step completed (or discarded as output_too_large when its
-        output was over the limit); a failure appended its message as the last error, at the
-        step's attempt, and left the step available again (retried) or discarded; a snooze
+        A completion left its step completed with its output (or discarded as
+        output_too_large when its output was over the limit); a failure appended its message
+        as the last error and left the step available again (retried) or discarded; a snooze
         left it available (a reclaim of the same lease would too; the step is claimable again
-        either way)."""
+        either way). The caller passes only the first answer to each lease."""
         rows = await self._all("steps_lease_outcome", step_ids=[parse_id(r.step_id, "step_id") for r in results])
         steps = {str(row["id"]): row for row in rows}
         return [_status_held(steps.get(canonical_id(r.step_id, "step_id")), r) for r in results]
@@ -184,7 +184,7 @@ def _status_held(step: Mapping[str, Any] | None, r: Result) -> str | None:
         return None
     state, last = step["state"], step["last_error"] or {}
     if r.outcome == "completed":
-        if state == "completed":
+        if state == "completed" and r.oversized_output_bytes is None and step["output"] == r.output:
             return "applied"
         if state == "discarded" and step["reason"] == "output_too_large":
             return "output_too_large"

@@ -152,8 +152,13 @@ class ResultCommitter:
     async def _in_doubt(self, applied: list[tuple[Result, str]]) -> list[tuple[Result, str]]:
         """Results applied again after a commit whose fate was unknown: one that finds its lease
         ended may be the one that ended it. Its status is then what it did (APPLIED to the
-        worker, counted once); only a result that truly changed nothing stays ENDED."""
-        ended = [i for i, (_, status) in enumerate(applied) if status == "ended"]
+        worker, counted once); only a result that truly changed nothing stays ENDED. Only the
+        first answer to a lease in the batch can be it: a later one stays ENDED."""
+        first: dict[tuple[str, int], int] = {}
+        for i, (r, _) in enumerate(applied):
+            first.setdefault((r.step_id, r.generation), i)
+        ended = [i for i, (r, status) in enumerate(applied)
+                 if status == "ended" and first[(r.step_id, r.generation)] == i]
         if not ended:
             return applied
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(Unavailable),

@@ -31,8 +31,9 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-async def health(channel: grpc.aio.Channel) -> int:
-    return (await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)).status
+async def health(channel: grpc.aio.Channel, service: str = "cyclone.v1.Runs") -> int:
+    request = health_pb2.HealthCheckRequest(service=service)
+    return (await health_pb2_grpc.HealthStub(channel).Check(request, timeout=10)).status
 
 
 async def step_of(engine: Engine, run_id: str) -> dict[str, Any]:
@@ -61,6 +62,26 @@ async def test_a_result_whose_commit_was_in_doubt_is_acked_applied(start_server:
         assert (step["state"], step["output"], step["attempt"]) == ("completed", "done", 1)
 
 
+async def test_of_two_answers_to_one_lease_in_doubt_only_the_first_is_applied(
+        start_server: Callable[..., Any], db_url: str, engine: Engine) -> None:
+    with PgProxy(db_url) as proxy:
+        srv = start_server(proxy.url)
+        async with grpc.aio.insecure_channel(srv.address) as channel:
+            (job,) = await enqueue(channel, "resize")
+            w = RawWorker(channel, ["resize"], 1)
+            try:
+                await w.connect()
+                (lease,) = await w.leases(1)
+                proxy.swallow_answer_to(b"cyclone_results_apply")
+                await w.send(completed(lease, "done"), completed(lease, "done"))
+                acks = await w.acks(2)
+            finally:
+                await w.close()
+        assert proxy.swallowed == 1
+        assert [a.status for a in acks] == [pb.ACK_STATUS_APPLIED, pb.ACK_STATUS_ENDED], acks
+        assert (await step_of(engine, job.run_id))["state"] == "completed"
+
+
 async def test_while_the_database_is_unreachable_calls_are_unavailable_and_health_not_serving(
         start_server: Callable[..., Any], db_url: str) -> None:
     with PgProxy(db_url) as proxy:
@@ -77,6 +98,8 @@ async def test_while_the_database_is_unreachable_calls_are_unavailable_and_healt
             except grpc.aio.AioRpcError as e:
                 assert e.code() == grpc.StatusCode.UNAVAILABLE, (e.code(), e.details())
             await until(lambda: _health_is(channel, NOT_SERVING), "health NOT_SERVING", DEADLINE)
+            # The server as a whole stays SERVING: a liveness probe must not restart it.
+            assert await health(channel, "") == SERVING
             proxy.restore()
             await until(lambda: _health_is(channel, SERVING), "health SERVING again", DEADLINE)
             assert (await runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id), timeout=30)).id == run_id

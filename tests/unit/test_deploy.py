@@ -70,8 +70,11 @@ def test_deployment_shape() -> None:
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert deployment["spec"]["replicas"] >= 2
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+    for probe in ("livenessProbe", "startupProbe"):
         assert container[probe]["grpc"] == {"port": 7233}, probe
+    # Readiness follows the database (a Cyclone service's health); liveness does not, so an
+    # outage restarts no pod (app.CycloneServer._database).
+    assert container["readinessProbe"]["grpc"] == {"port": 7233, "service": "cyclone.v1.Runs"}
     assert {"cpu", "memory"} <= set(container["resources"]["requests"])
     assert "memory" in container["resources"]["limits"]
     env = {e["name"]: e for e in container["env"]}

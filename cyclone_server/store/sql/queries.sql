@@ -70,7 +70,7 @@ SELECT 1 AS one;
 -- name: steps_lease_outcome
 -- What a step holds of the lease it last had, to tell whether a result whose commit was in
 -- doubt did commit (StepStore.in_doubt_statuses).
-SELECT id, state, lease_generation, error_kind, reason, errors -> -1 AS last_error
+SELECT id, state, lease_generation, error_kind, reason, errors -> -1 AS last_error, output
   FROM cyclone_steps WHERE id = ANY(%(step_ids)s);
 
 -- name: leases_release
