@@ -154,8 +154,10 @@ def test_no_module_passes_600_lines() -> None:
 
 
 def test_the_repository_cites_no_file_outside_it() -> None:
-    listed = subprocess.run(["git", "grep", "-lE", r"DECISIONS|\.\./shared|shared/spec", "--", ".",
-                             ":!tests/integration/fixtures", ":!tests/unit/test_house.py"],
+    # The names of the outside files, spelled in parts so that this line does not cite them itself.
+    outside = "|".join(["DECI" + "SIONS", r"\.\./" + "shared", "shared/" + "spec"])
+    listed = subprocess.run(["git", "grep", "-lE", outside, "--", ".",
+                             ":!tests/integration/fixtures"],
                             cwd=ROOT, capture_output=True, text=True)
     assert listed.returncode in (0, 1), listed.stderr  # 1: no match
     assert listed.stdout.split() == [], "cite docs/lifecycle.md instead"
