@@ -22,6 +22,8 @@ from .conn import WorkerConn
 from .wire import ACK_OF_STATUS, DETAIL_OF_STATUS, invalid_result
 
 log = logging.getLogger(__name__)
+# How a committer waits between attempts while the database is unavailable (0.1 s doubling to 2 s).
+UNTIL_BACK = wait_exponential(multiplier=0.1, min=0.1, max=2.0)
 
 
 class ResultCommitter:
@@ -125,7 +127,7 @@ class ResultCommitter:
                 log.warning("applying %d results failed: %s; retrying", len(results), e.__cause__ or e)
                 async for attempt in AsyncRetrying(
                         retry=retry_if_exception_type(Unavailable),
-                        wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0),
+                        wait=UNTIL_BACK,
                         before_sleep=lambda s: log.warning(
                             "applying %d results failed: %s; retrying in %.1fs", len(results),
                             s.outcome.exception().__cause__, s.next_action.sleep)):  # type: ignore[union-attr]
@@ -161,8 +163,7 @@ class ResultCommitter:
                  if status == "ended" and first[(r.step_id, r.generation)] == i]
         if not ended:
             return applied
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Unavailable),
-                                           wait=wait_exponential(multiplier=0.1, min=0.1, max=2.0)):
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Unavailable), wait=UNTIL_BACK):
             with attempt:
                 held = await self.engine.in_doubt_statuses([applied[i][0] for i in ended])
         out = list(applied)
