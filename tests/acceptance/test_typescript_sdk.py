@@ -81,8 +81,10 @@ def test_the_package_installs_as_an_es_module_with_types(tmp_path: Path) -> None
     app = tmp_path / "app"
     app.mkdir()
     (app / "package.json").write_text(json.dumps({"name": "app", "private": True, "type": "module"}))
-    # Offline: the packages are in npm's cache since the SDK's `npm ci`.
-    run(["npm", "install", "--offline", "--no-audit", "--no-fund", str(tmp_path / packed[0]["filename"]),
+    # The packages are in npm's cache since the SDK's `npm ci`, but not always their registry
+    # metadata (`npm ci` reads the lock file, not the registry), which resolving the packed
+    # SDK's dependencies needs: prefer the cache, ask the registry for what it lacks.
+    run(["npm", "install", "--prefer-offline", "--no-audit", "--no-fund", str(tmp_path / packed[0]["filename"]),
          "@types/node@20.19.43"], app)
     (app / "main.ts").write_text(
         "import { Client, Worker, Workflow, VERSION, type Context } from 'cyclone-workflows';\n"
