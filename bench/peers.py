@@ -1,6 +1,6 @@
 """Drain against the peers: the same backlog drained by raw SQL, PgQueuer and Cyclone, one Postgres.
 
-    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 3] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2,dag2]
+    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 5] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2,dag2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
     .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
@@ -26,12 +26,14 @@ their last commit).
   workers start: the roots are claimable at the go, every other step once its parents
   completed. Its rate is in steps/s, for the ratio dag2/cyc2 (a DAG's step against a job).
 
-Each figure is the median of --rounds rounds (contestants interleaved within a round, so a
-change in the machine's load hits all of them). Per job it reports Postgres statements
-(top-level pg_stat_statements calls: round trips), rows inserted + updated + deleted
-(pg_stat_database, read after the consumers disconnected), WAL bytes of those statements,
-and CPU time of all Postgres processes, of the cyclone-server and of the consumer/worker
-processes (psutil, microseconds).
+Each figure is the median of --rounds rounds (default 5; contestants interleaved within a
+round, so a change in the machine's load hits all of them), printed with its min and max;
+a ratio is the ratio of the medians, with the min and max of the rounds' own ratios. The
+report names the Postgres version and its settings (_report.py). Per job it reports
+Postgres statements (top-level pg_stat_statements calls: round trips), rows inserted +
+updated + deleted (pg_stat_database, read after the consumers disconnected), WAL bytes of
+those statements, and CPU time of all Postgres processes, of the cyclone-server and of the
+consumer/worker processes (psutil, microseconds).
 
 --backlog: Cyclone (2 workers) only. A database of --backlog-small and one of --backlog-size
 committed jobs are loaded once each with SQL (cyclone_job_enqueue over generate_series,
@@ -78,6 +80,7 @@ from _contestants import drain_cyclone, drain_pgq, drain_raw
 from _drain import Drain, fmt_int, print_rows, print_statements
 from _pg import start_postgres
 from _profile import profile
+from _report import MIN_ROUNDS, fmt_spread, postgres_line
 
 CONTESTANTS = {
     "raw1": "raw SQL, claim 1 + complete 1 per transaction, 4 connections",
@@ -95,10 +98,11 @@ def median_drain(ds: list[Drain]) -> Drain:
         sorted(ds, key=lambda d: d.rate)[len(ds) // 2 - 1]
 
 
-def report_peers(results: dict[str, list[Drain]], args) -> None:
+def report_peers(results: dict[str, list[Drain]], args, settings: str) -> None:
     print(f"\njobs={args.jobs} rounds={args.rounds} cores={os.cpu_count()} "
           f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} load(1,5,15)={os.getloadavg()}")
-    header = ["contestant", *[f"round {i + 1}" for i in range(args.rounds)], "median jobs/s", "statements/job",
+    print(settings)
+    header = ["contestant", *[f"round {i + 1}" for i in range(args.rounds)], "median jobs/s (min, max)", "statements/job",
               "rows written/job", "WAL B/job", "PG CPU us/job", "server CPU us/job", "client CPU us/job"]
     rows = []
     med: dict[str, float] = {}
@@ -106,7 +110,7 @@ def report_peers(results: dict[str, list[Drain]], args) -> None:
         med[key] = statistics.median(d.rate for d in ds)
         m = median_drain(ds)
         top = [s for s in m.statements if s["top"]]
-        rows.append([CONTESTANTS[key], *[fmt_int(d.rate) for d in ds], fmt_int(med[key]),
+        rows.append([CONTESTANTS[key], *[fmt_int(d.rate) for d in ds], fmt_spread([d.rate for d in ds]),
                      f"{m.per_job(sum(s['calls'] for s in top)):.2f}",
                      f"{m.per_job(m.counters['inserted'] + m.counters['updated'] + m.counters['deleted']):.1f}",
                      fmt_int(m.per_job(sum(s['wal'] for s in top))),
@@ -118,7 +122,9 @@ def report_peers(results: dict[str, list[Drain]], args) -> None:
     for cyc in ("cyc2", "cyc1", "cyc2p2", "dag2"):
         for peer in ("pgq", "raw10", "raw1", "cyc2"):
             if cyc in med and peer in med and cyc != peer:
-                ratios.append(f"{cyc}/{peer} = {med[cyc] / med[peer]:.2f}")
+                rounds = [a.rate / b.rate for a, b in zip(results[cyc], results[peer])]
+                ratios.append(f"{cyc}/{peer} = {med[cyc] / med[peer]:.2f} "
+                              f"(rounds: min {min(rounds):.2f}, max {max(rounds):.2f})")
     print("\nratios of medians: " + ", ".join(ratios))
     for key in results:
         m = median_drain(results[key])
@@ -129,7 +135,7 @@ def report_peers(results: dict[str, list[Drain]], args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=20000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--only", default=",".join(CONTESTANTS), help="comma-separated contestants: " + ", ".join(CONTESTANTS))
     ap.add_argument("--timeout", type=float, default=600, help="seconds one drain may take before the bench gives up")
     ap.add_argument("--backlog", action="store_true", help="measure the drain from a large backlog instead")
@@ -153,11 +159,14 @@ def main() -> None:
         workdir = Path(tmp)
         pg = start_postgres(Path(args.data_dir) if args.data_dir else workdir / "pg")
         try:
+            settings = postgres_line(pg.url())
+            note(settings)
             if args.profile:
                 profile(pg, args, workdir)
                 return
             if args.backlog_twice:
                 report_twice(drain_twice(pg, args.backlog_size, args.timeout, workdir))
+                print(settings)
                 return
             if args.backlog:
                 results = []
@@ -171,6 +180,7 @@ def main() -> None:
                                                  workdir, tuned=tuned))
                     note(f"drain {i + 1} of {len(plan)}: {results[-1].name}: {results[-1].rate:.0f} jobs/s")
                 report_backlog(results, args)
+                print(settings)
                 return
             results: dict[str, list[Drain]] = {k: [] for k in only}
             for r in range(args.rounds):
@@ -189,7 +199,7 @@ def main() -> None:
                     note(f"round {r + 1}: {key}: {d.rate:,.0f} jobs/s ({d.seconds:.2f} s)")
                     with psycopg.connect(pg.url(), autocommit=True) as c:
                         c.execute(f"DROP DATABASE {db} WITH (FORCE)")
-            report_peers(results, args)
+            report_peers(results, args, settings)
         finally:
             pg.stop()
 

@@ -1,0 +1,39 @@
+"""What every bench report states: the Postgres it ran on with the settings that move its figures,
+and each figure as the median of its rounds with their min and max."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import psycopg
+
+# The settings a reader needs to compare two reports (issue 35 names the first five).
+SETTINGS = ("shared_buffers", "jit", "work_mem", "max_wal_size", "synchronous_commit", "fsync",
+            "full_page_writes", "autovacuum", "checkpoint_timeout", "effective_cache_size",
+            "shared_preload_libraries")
+MIN_ROUNDS = 5  # fewer is no measurement on this machine (docs/benchmarks.md, "The rules")
+
+
+def postgres_line(url: str) -> str:
+    """`PostgreSQL 15.20: shared_buffers=128MB jit=on ...`, read from the server at `url`."""
+    with psycopg.connect(url, autocommit=True) as c:
+        version = c.execute("SHOW server_version").fetchone()[0]
+        shown = []
+        for name in SETTINGS:
+            value = c.execute(f"SHOW {name}").fetchone()[0]
+            shown.append(f"{name}={value or repr('')}")  # '' for an empty list of libraries
+        # jit=on does nothing on a build without LLVM (the embedded wheel's).
+        shown.append(f"jit_available={c.execute('SELECT pg_jit_available()').fetchone()[0]}")
+    return f"PostgreSQL {version}: " + " ".join(shown)
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, min, max) of a figure's rounds."""
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt_spread(values: Sequence[float], fmt: str = "{:,.0f}") -> str:
+    """`4,210 (min 3,980, max 4,400)`: a figure as the report shows it."""
+    med, lo, hi = spread(values)
+    return f"{fmt.format(med)} (min {fmt.format(lo)}, max {fmt.format(hi)})"
