@@ -22,61 +22,62 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from cyclone_proto import limits_pb2 as cyclone_dot_v1_dot_limits__pb2
 from cyclone_proto import types_pb2 as cyclone_dot_v1_dot_types__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63yclone/v1/runs.proto\x12\ncyclone.v1\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"4\n\x11SubmitRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x9e\x04\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_reclaims\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x32\n\x0f\x61ttempt_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tretention\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x0cscheduled_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampB\x0f\n\r_max_attemptsB\x0f\n\r_max_reclaims\"C\n\x0f\x45nqueueResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\">\n\x12\x45nqueueManyRequest\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.cyclone.v1.EnqueueRequest\"@\n\x13\x45nqueueManyResponse\x12)\n\x04jobs\x18\x01 \x03(\x0b\x32\x1b.cyclone.v1.EnqueueResponse\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xb2\x02\n\x0fListRunsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.cyclone.v1.RunState\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x15\n\rinclude_steps\x18\x07 \x01(\x08\x12\x10\n\x08schedule\x18\x1e \x01(\t\x12\x34\n\x10schedule_fire_at\x18\x1f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"L\n\x0eWaitRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x0fWaitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"!\n\x0fPauseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x8e\x01\n\x10RetryStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x11RunActionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"V\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"@\n\x0eSignalResponse\x12\x11\n\tsignal_id\x18\x01 \x01(\t\x12\x1b\n\x13\x63onsumed_by_step_id\x18\x02 \x01(\t\"i\n\x18PurgeTerminalRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\">\n\x19PurgeTerminalRunsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x12\x10\n\x08\x65ligible\x18\x02 \x01(\x03\x32\xb6\x07\n\x04Runs\x12H\n\tSubmitRun\x12\x1c.cyclone.v1.SubmitRunRequest\x1a\x1d.cyclone.v1.SubmitRunResponse\x12\x42\n\x07\x45nqueue\x12\x1a.cyclone.v1.EnqueueRequest\x1a\x1b.cyclone.v1.EnqueueResponse\x12N\n\x0b\x45nqueueMany\x12\x1e.cyclone.v1.EnqueueManyRequest\x1a\x1f.cyclone.v1.EnqueueManyResponse\x12\x34\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x0f.cyclone.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12\x42\n\x07WaitRun\x12\x1a.cyclone.v1.WaitRunRequest\x1a\x1b.cyclone.v1.WaitRunResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08PauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tRetryStep\x12\x1c.cyclone.v1.RetryStepRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12?\n\x06Signal\x12\x19.cyclone.v1.SignalRequest\x1a\x1a.cyclone.v1.SignalResponse\x12`\n\x11PurgeTerminalRuns\x12$.cyclone.v1.PurgeTerminalRunsRequest\x1a%.cyclone.v1.PurgeTerminalRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63yclone/v1/runs.proto\x12\ncyclone.v1\x1a\x17\x63yclone/v1/limits.proto\x1a\x16\x63yclone/v1/types.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe5\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x05\x12%\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"4\n\x11SubmitRunResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\xc4\x04\n\x0e\x45nqueueRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12%\n\x05input\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x10\n\x08priority\x18\x03 \x01(\x05\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_attempts\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\x32\n\x0f\x62\x61\x63koff_initial\x18\x08 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\x0b\x62\x61\x63koff_max\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x0cmax_reclaims\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x32\n\x0f\x61ttempt_timeout\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tretention\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x0cscheduled_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12$\n\x06limits\x18\x0e \x03(\x0b\x32\x14.cyclone.v1.LimitUseB\x0f\n\r_max_attemptsB\x0f\n\r_max_reclaims\"C\n\x0f\x45nqueueResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x08\">\n\x12\x45nqueueManyRequest\x12(\n\x04jobs\x18\x01 \x03(\x0b\x32\x1a.cyclone.v1.EnqueueRequest\"@\n\x13\x45nqueueManyResponse\x12)\n\x04jobs\x18\x01 \x03(\x0b\x32\x1b.cyclone.v1.EnqueueResponse\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xb2\x02\n\x0fListRunsRequest\x12$\n\x06states\x18\x01 \x03(\x0e\x32\x14.cyclone.v1.RunState\x12\x10\n\x08workflow\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\x12\x15\n\rinclude_steps\x18\x07 \x01(\x08\x12\x10\n\x08schedule\x18\x1e \x01(\t\x12\x34\n\x10schedule_fire_at\x18\x1f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x10ListRunsResponse\x12\x1d\n\x04runs\x18\x01 \x03(\x0b\x32\x0f.cyclone.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"L\n\x0eWaitRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x0fWaitRunResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"!\n\x0fPauseRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\"\n\x10ResumeRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x8e\x01\n\x10RetryStepRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x7f\n\x0fRetryAllRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x0b\x64\x65\x61\x64line_in\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"B\n\x11RunActionResponse\x12\x1c\n\x03run\x18\x01 \x01(\x0b\x32\x0f.cyclone.v1.Run\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\"V\n\rSignalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\'\n\x07payload\x18\x03 \x01(\x0b\x32\x16.google.protobuf.Value\"@\n\x0eSignalResponse\x12\x11\n\tsignal_id\x18\x01 \x01(\t\x12\x1b\n\x13\x63onsumed_by_step_id\x18\x02 \x01(\t\"i\n\x18PurgeTerminalRunsRequest\x12-\n\nolder_than\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\">\n\x19PurgeTerminalRunsResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x03\x12\x10\n\x08\x65ligible\x18\x02 \x01(\x03\x32\xb6\x07\n\x04Runs\x12H\n\tSubmitRun\x12\x1c.cyclone.v1.SubmitRunRequest\x1a\x1d.cyclone.v1.SubmitRunResponse\x12\x42\n\x07\x45nqueue\x12\x1a.cyclone.v1.EnqueueRequest\x1a\x1b.cyclone.v1.EnqueueResponse\x12N\n\x0b\x45nqueueMany\x12\x1e.cyclone.v1.EnqueueManyRequest\x1a\x1f.cyclone.v1.EnqueueManyResponse\x12\x34\n\x06GetRun\x12\x19.cyclone.v1.GetRunRequest\x1a\x0f.cyclone.v1.Run\x12\x45\n\x08ListRuns\x12\x1b.cyclone.v1.ListRunsRequest\x1a\x1c.cyclone.v1.ListRunsResponse\x12\x42\n\x07WaitRun\x12\x1a.cyclone.v1.WaitRunRequest\x1a\x1b.cyclone.v1.WaitRunResponse\x12H\n\tCancelRun\x12\x1c.cyclone.v1.CancelRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08PauseRun\x12\x1b.cyclone.v1.PauseRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tResumeRun\x12\x1c.cyclone.v1.ResumeRunRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12H\n\tRetryStep\x12\x1c.cyclone.v1.RetryStepRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12\x46\n\x08RetryAll\x12\x1b.cyclone.v1.RetryAllRequest\x1a\x1d.cyclone.v1.RunActionResponse\x12?\n\x06Signal\x12\x19.cyclone.v1.SignalRequest\x1a\x1a.cyclone.v1.SignalResponse\x12`\n\x11PurgeTerminalRuns\x12$.cyclone.v1.PurgeTerminalRunsRequest\x1a%.cyclone.v1.PurgeTerminalRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'cyclone.v1.runs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITRUNREQUEST']._serialized_start=157
-  _globals['_SUBMITRUNREQUEST']._serialized_end=386
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=388
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=440
-  _globals['_ENQUEUEREQUEST']._serialized_start=443
-  _globals['_ENQUEUEREQUEST']._serialized_end=985
-  _globals['_ENQUEUERESPONSE']._serialized_start=987
-  _globals['_ENQUEUERESPONSE']._serialized_end=1054
-  _globals['_ENQUEUEMANYREQUEST']._serialized_start=1056
-  _globals['_ENQUEUEMANYREQUEST']._serialized_end=1118
-  _globals['_ENQUEUEMANYRESPONSE']._serialized_start=1120
-  _globals['_ENQUEUEMANYRESPONSE']._serialized_end=1184
-  _globals['_GETRUNREQUEST']._serialized_start=1186
-  _globals['_GETRUNREQUEST']._serialized_end=1217
-  _globals['_LISTRUNSREQUEST']._serialized_start=1220
-  _globals['_LISTRUNSREQUEST']._serialized_end=1526
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1528
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1602
-  _globals['_WAITRUNREQUEST']._serialized_start=1604
-  _globals['_WAITRUNREQUEST']._serialized_end=1680
-  _globals['_WAITRUNRESPONSE']._serialized_start=1682
-  _globals['_WAITRUNRESPONSE']._serialized_end=1748
-  _globals['_CANCELRUNREQUEST']._serialized_start=1750
-  _globals['_CANCELRUNREQUEST']._serialized_end=1784
-  _globals['_PAUSERUNREQUEST']._serialized_start=1786
-  _globals['_PAUSERUNREQUEST']._serialized_end=1819
-  _globals['_RESUMERUNREQUEST']._serialized_start=1821
-  _globals['_RESUMERUNREQUEST']._serialized_end=1855
-  _globals['_RETRYSTEPREQUEST']._serialized_start=1858
-  _globals['_RETRYSTEPREQUEST']._serialized_end=2000
-  _globals['_RETRYALLREQUEST']._serialized_start=2002
-  _globals['_RETRYALLREQUEST']._serialized_end=2129
-  _globals['_RUNACTIONRESPONSE']._serialized_start=2131
-  _globals['_RUNACTIONRESPONSE']._serialized_end=2197
-  _globals['_SIGNALREQUEST']._serialized_start=2199
-  _globals['_SIGNALREQUEST']._serialized_end=2285
-  _globals['_SIGNALRESPONSE']._serialized_start=2287
-  _globals['_SIGNALRESPONSE']._serialized_end=2351
-  _globals['_PURGETERMINALRUNSREQUEST']._serialized_start=2353
-  _globals['_PURGETERMINALRUNSREQUEST']._serialized_end=2458
-  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_start=2460
-  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_end=2522
-  _globals['_RUNS']._serialized_start=2525
-  _globals['_RUNS']._serialized_end=3475
+  _globals['_SUBMITRUNREQUEST']._serialized_start=182
+  _globals['_SUBMITRUNREQUEST']._serialized_end=411
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=413
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=465
+  _globals['_ENQUEUEREQUEST']._serialized_start=468
+  _globals['_ENQUEUEREQUEST']._serialized_end=1048
+  _globals['_ENQUEUERESPONSE']._serialized_start=1050
+  _globals['_ENQUEUERESPONSE']._serialized_end=1117
+  _globals['_ENQUEUEMANYREQUEST']._serialized_start=1119
+  _globals['_ENQUEUEMANYREQUEST']._serialized_end=1181
+  _globals['_ENQUEUEMANYRESPONSE']._serialized_start=1183
+  _globals['_ENQUEUEMANYRESPONSE']._serialized_end=1247
+  _globals['_GETRUNREQUEST']._serialized_start=1249
+  _globals['_GETRUNREQUEST']._serialized_end=1280
+  _globals['_LISTRUNSREQUEST']._serialized_start=1283
+  _globals['_LISTRUNSREQUEST']._serialized_end=1589
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1591
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1665
+  _globals['_WAITRUNREQUEST']._serialized_start=1667
+  _globals['_WAITRUNREQUEST']._serialized_end=1743
+  _globals['_WAITRUNRESPONSE']._serialized_start=1745
+  _globals['_WAITRUNRESPONSE']._serialized_end=1811
+  _globals['_CANCELRUNREQUEST']._serialized_start=1813
+  _globals['_CANCELRUNREQUEST']._serialized_end=1847
+  _globals['_PAUSERUNREQUEST']._serialized_start=1849
+  _globals['_PAUSERUNREQUEST']._serialized_end=1882
+  _globals['_RESUMERUNREQUEST']._serialized_start=1884
+  _globals['_RESUMERUNREQUEST']._serialized_end=1918
+  _globals['_RETRYSTEPREQUEST']._serialized_start=1921
+  _globals['_RETRYSTEPREQUEST']._serialized_end=2063
+  _globals['_RETRYALLREQUEST']._serialized_start=2065
+  _globals['_RETRYALLREQUEST']._serialized_end=2192
+  _globals['_RUNACTIONRESPONSE']._serialized_start=2194
+  _globals['_RUNACTIONRESPONSE']._serialized_end=2260
+  _globals['_SIGNALREQUEST']._serialized_start=2262
+  _globals['_SIGNALREQUEST']._serialized_end=2348
+  _globals['_SIGNALRESPONSE']._serialized_start=2350
+  _globals['_SIGNALRESPONSE']._serialized_end=2414
+  _globals['_PURGETERMINALRUNSREQUEST']._serialized_start=2416
+  _globals['_PURGETERMINALRUNSREQUEST']._serialized_end=2521
+  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_start=2523
+  _globals['_PURGETERMINALRUNSRESPONSE']._serialized_end=2585
+  _globals['_RUNS']._serialized_start=2588
+  _globals['_RUNS']._serialized_end=3538
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 import datetime
 
+from cyclone_proto import limits_pb2 as _limits_pb2
 from cyclone_proto import types_pb2 as _types_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
@@ -39,7 +40,7 @@ class SubmitRunResponse(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class EnqueueRequest(_message.Message):
-    __slots__ = ("kind", "input", "priority", "idempotency_key", "deadline", "deadline_in", "max_attempts", "backoff_initial", "backoff_max", "max_reclaims", "attempt_timeout", "retention", "scheduled_at")
+    __slots__ = ("kind", "input", "priority", "idempotency_key", "deadline", "deadline_in", "max_attempts", "backoff_initial", "backoff_max", "max_reclaims", "attempt_timeout", "retention", "scheduled_at", "limits")
     KIND_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +54,7 @@ class EnqueueRequest(_message.Message):
     ATTEMPT_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_AT_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     input: _struct_pb2.Value
     priority: int
@@ -66,7 +68,8 @@ class EnqueueRequest(_message.Message):
     attempt_timeout: _duration_pb2.Duration
     retention: _duration_pb2.Duration
     scheduled_at: _timestamp_pb2.Timestamp
-    def __init__(self, kind: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., priority: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_reclaims: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    limits: _containers.RepeatedCompositeFieldContainer[_limits_pb2.LimitUse]
+    def __init__(self, kind: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., priority: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_reclaims: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., limits: _Optional[_Iterable[_Union[_limits_pb2.LimitUse, _Mapping]]] = ...) -> None: ...
 
 class EnqueueResponse(_message.Message):
     __slots__ = ("run_id", "step_id", "created")

@@ -3,6 +3,7 @@ import datetime
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from cyclone_proto import limits_pb2 as _limits_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -75,7 +76,7 @@ ON_DEP_FAILURE_FAIL_RUN: OnDepFailure
 ON_DEP_FAILURE_CANCEL_BRANCH: OnDepFailure
 
 class Node(_message.Message):
-    __slots__ = ("id", "kind", "deps", "type", "max_attempts", "backoff_initial", "backoff_max", "priority", "max_reclaims", "attempt_timeout", "on_dep_failure", "retention", "max_wait", "sleep", "signal", "workflow")
+    __slots__ = ("id", "kind", "deps", "type", "max_attempts", "backoff_initial", "backoff_max", "priority", "max_reclaims", "attempt_timeout", "on_dep_failure", "retention", "max_wait", "sleep", "signal", "workflow", "limits")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     DEPS_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +93,7 @@ class Node(_message.Message):
     SLEEP_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     deps: _containers.RepeatedScalarFieldContainer[str]
@@ -108,7 +110,8 @@ class Node(_message.Message):
     sleep: _duration_pb2.Duration
     signal: str
     workflow: str
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., deps: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[NodeType, str]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ..., max_reclaims: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., on_dep_failure: _Optional[_Union[OnDepFailure, str]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sleep: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., signal: _Optional[str] = ..., workflow: _Optional[str] = ...) -> None: ...
+    limits: _containers.RepeatedCompositeFieldContainer[_limits_pb2.LimitUse]
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., deps: _Optional[_Iterable[str]] = ..., type: _Optional[_Union[NodeType, str]] = ..., max_attempts: _Optional[int] = ..., backoff_initial: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., backoff_max: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., priority: _Optional[int] = ..., max_reclaims: _Optional[int] = ..., attempt_timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., on_dep_failure: _Optional[_Union[OnDepFailure, str]] = ..., retention: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., sleep: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., signal: _Optional[str] = ..., workflow: _Optional[str] = ..., limits: _Optional[_Iterable[_Union[_limits_pb2.LimitUse, _Mapping]]] = ...) -> None: ...
 
 class Workflow(_message.Message):
     __slots__ = ("name", "version", "nodes", "created_at")
@@ -139,7 +142,7 @@ class StepError(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., error_kind: _Optional[str] = ..., message: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., details: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("id", "run_id", "node", "kind", "type", "state", "attempt", "max_attempts", "reclaims", "max_reclaims", "snoozes", "priority", "scheduled_at", "lease_owner", "lease_expiry", "lease_generation", "output", "error_kind", "reason", "errors", "deps", "child_run_id", "cancel_cause", "created_at", "started_at", "finished_at", "attempt_deadline")
+    __slots__ = ("id", "run_id", "node", "kind", "type", "state", "attempt", "max_attempts", "reclaims", "max_reclaims", "snoozes", "priority", "scheduled_at", "lease_owner", "lease_expiry", "lease_generation", "output", "error_kind", "reason", "errors", "deps", "child_run_id", "cancel_cause", "created_at", "held_by", "limits", "started_at", "finished_at", "attempt_deadline")
     ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +167,8 @@ class Step(_message.Message):
     CHILD_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CANCEL_CAUSE_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    HELD_BY_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
@@ -191,10 +196,12 @@ class Step(_message.Message):
     child_run_id: str
     cancel_cause: str
     created_at: _timestamp_pb2.Timestamp
+    held_by: str
+    limits: _containers.RepeatedScalarFieldContainer[str]
     started_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     attempt_deadline: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., type: _Optional[_Union[NodeType, str]] = ..., state: _Optional[_Union[StepState, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., max_reclaims: _Optional[int] = ..., snoozes: _Optional[int] = ..., priority: _Optional[int] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_owner: _Optional[str] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_generation: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_kind: _Optional[str] = ..., reason: _Optional[str] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., deps: _Optional[_Iterable[str]] = ..., child_run_id: _Optional[str] = ..., cancel_cause: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., run_id: _Optional[str] = ..., node: _Optional[str] = ..., kind: _Optional[str] = ..., type: _Optional[_Union[NodeType, str]] = ..., state: _Optional[_Union[StepState, str]] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., reclaims: _Optional[int] = ..., max_reclaims: _Optional[int] = ..., snoozes: _Optional[int] = ..., priority: _Optional[int] = ..., scheduled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_owner: _Optional[str] = ..., lease_expiry: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_generation: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error_kind: _Optional[str] = ..., reason: _Optional[str] = ..., errors: _Optional[_Iterable[_Union[StepError, _Mapping]]] = ..., deps: _Optional[_Iterable[str]] = ..., child_run_id: _Optional[str] = ..., cancel_cause: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., held_by: _Optional[str] = ..., limits: _Optional[_Iterable[str]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("id", "workflow", "workflow_version", "state", "input", "result", "priority", "idempotency_key", "deadline", "parent_run_id", "parent_step_id", "created_at", "updated_at", "finished_at", "steps", "schedule_name", "schedule_fire_at")

@@ -63,6 +63,9 @@ METHOD_ROLES: dict[str, frozenset[str]] = {
     **{f"/cyclone.v1.Schedules/{m}": SUBMIT for m in ("CreateSchedule", "GetSchedule", "ListSchedules",
                                                       "UpdateSchedule", "TriggerSchedule")},
     **{f"/cyclone.v1.Schedules/{m}": ADMIN for m in ("PauseSchedule", "ResumeSchedule", "DeleteSchedule")},
+    # Limits hold back every tenant's work: reading them is for services, changing them for operators.
+    **{f"/cyclone.v1.Limits/{m}": SUBMIT for m in ("GetLimit", "ListLimits")},
+    **{f"/cyclone.v1.Limits/{m}": ADMIN for m in ("SetLimit", "DeleteLimit")},
 }
 OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
                  "/grpc.reflection.v1.ServerReflection/")

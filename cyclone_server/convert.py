@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, struct_pb2, timestamp_pb2
 
-from cyclone_proto import admin_pb2, types_pb2
+from cyclone_proto import admin_pb2, limits_pb2, types_pb2
 from cyclone_worker import values
 
 from .errors import InvalidArgument
@@ -186,7 +186,20 @@ def node_to_dict(node: types_pb2.Node, index: int) -> dict[str, Any]:
         d["signal"] = node.signal
     if node.workflow:
         d["workflow"] = node.workflow
+    if node.limits:
+        d["limits"] = limit_uses_of(node.limits)
     return d
+
+
+def limit_uses_of(uses: Any) -> list[dict[str, Any]]:
+    """repeated LimitUse -> [{"limit", "key" | "key_path"}] (definitions.normalize_limit_uses checks them)."""
+    return [{"limit": u.limit, "key": u.key, "key_path": u.key_path} for u in uses]
+
+
+def limit_uses_to_proto(uses: list[dict[str, Any]]) -> list[limits_pb2.LimitUse]:
+    return [limits_pb2.LimitUse(limit=u["limit"], key=u.get("key") or "",
+                                key_path=".".join(["input", *u["key_path"]]) if u.get("key_path") else "")
+            for u in uses]
 
 
 def _enum_name(names: dict[int, str], value: int, field: str) -> str:
@@ -208,6 +221,8 @@ def dict_to_node(d: dict[str, Any]) -> types_pb2.Node:
     for key in _NODE_DURATIONS:
         if d.get(key) is not None:
             getattr(node, key).CopyFrom(to_duration(d[key]))
+    if d.get("limits"):
+        node.limits.extend(limit_uses_to_proto(d["limits"]))
     return node
 
 
@@ -231,7 +246,8 @@ def step_to_proto(row: dict[str, Any]) -> types_pb2.Step:
         lease_generation=row["lease_generation"], error_kind=row.get("error_kind") or "",
         reason=row.get("reason") or "", deps=list(row.get("deps") or []),
         child_run_id=str(row["child_run_id"]) if row.get("child_run_id") else "",
-        cancel_cause=row.get("cancel_cause") or "",
+        cancel_cause=row.get("cancel_cause") or "", held_by=row.get("held_by") or "",
+        limits=[t.replace("\x1f", "=", 1) for t in row.get("limit_keys") or []],
     )
     if row["state"] == "completed":
         py_to_value(row.get("output"), s.output)
@@ -289,3 +305,42 @@ def worker_to_proto(row: dict[str, Any]) -> admin_pb2.WorkerInfo:
     _set_time(w, "connected_since", row["connected_at"])
     _set_time(w, "last_heartbeat", row["heartbeat_at"])
     return w
+
+
+# -- limits --------------------------------------------------------------------------
+
+STRATEGIES, STRATEGY_NAMES = _enum_maps(limits_pb2.LimitStrategy, "LIMIT_STRATEGY_")
+SCOPES, SCOPE_NAMES = _enum_maps(limits_pb2.LimitScope, "LIMIT_SCOPE_")
+
+
+def limit_of(msg: limits_pb2.Limit) -> dict[str, Any]:
+    """A Limit from SetLimit -> the dict limit_spec.normalize_limit checks. The fields that only
+    responses fill (keys, created_at, updated_at) are ignored, once checked like any other."""
+    for name in ("created_at", "updated_at"):
+        timestamp_dt(msg, name, field=f"limit.{name}")
+    for i, k in enumerate(msg.keys):
+        duration_seconds(k, "oldest_waiting_age", field=f"limit.keys[{i}].oldest_waiting_age")
+    return {"name": msg.name, "max_running": msg.max_running, "rate": msg.rate,
+            "period": duration_seconds(msg, "period", field="limit.period"),
+            "strategy": _enum_name(STRATEGY_NAMES, msg.strategy, "limit.strategy") if msg.strategy else None,
+            "scope": _enum_name(SCOPE_NAMES, msg.scope, "limit.scope") if msg.scope else None,
+            "kinds": list(msg.kinds), "workflows": list(msg.workflows), "key": msg.key, "key_path": msg.key_path,
+            "weights": dict(msg.weights)}
+
+
+def limit_to_proto(row: dict[str, Any], keys: list[dict[str, Any]]) -> limits_pb2.Limit:
+    """A cyclone_limits row and its busiest keys (cyclone_limit_keys_stats) -> Limit."""
+    m = limits_pb2.Limit(name=row["name"], max_running=row["max_running"] or 0, rate=row["rate"] or 0,
+                         strategy=STRATEGIES[row["strategy"]], scope=SCOPES[row["scope"]], kinds=row["kinds"],
+                         workflows=row["workflows"], key=row["key_const"] or "",
+                         key_path=".".join(["input", *row["key_path"]]) if row["key_path"] else "",
+                         weights={k: int(v) for k, v in (row["weights"] or {}).items()})
+    if row["period"]:
+        m.period.CopyFrom(to_duration(row["period"]))
+    for k in keys:
+        m.keys.add(key=k["key"], running=k["running"], waiting=k["waiting"],
+                   oldest_waiting_age=to_duration(k["oldest_waiting_age"] or timedelta(0)),
+                   starts_in_window=k["starts_in_window"] or 0)
+    _set_time(m, "created_at", row.get("created_at"))
+    _set_time(m, "updated_at", row.get("updated_at"))
+    return m

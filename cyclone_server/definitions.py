@@ -33,7 +33,12 @@ DEFAULTS: dict[str, Any] = {
     "signal": None,
     "workflow": None,
 }
-OPTIONS = ("id", "kind", "type", "deps", *DEFAULTS)
+# `limits` is kept only when a node lists some, so that definitions stored before it
+# existed compare equal to the same definition submitted again.
+OPTIONS = ("id", "kind", "type", "deps", "limits", *DEFAULTS)
+MAX_LIMIT_USES = 8
+MAX_KEY_LENGTH = 256
+KEY_SEGMENT = re.compile(r"^[^.\x00]{1,128}$")
 
 
 def validate_name(name: str, field: str = "name") -> str:
@@ -46,6 +51,59 @@ def validate_kind(kind: str, field: str = "kind") -> str:
     if not isinstance(kind, str) or not KIND.match(kind):
         raise InvalidArgument(f"{field}: {kind!r} is not a valid kind ([A-Za-z0-9_.:/-], 1 to 200 characters)")
     return kind
+
+
+def parse_key_path(path: str, field: str) -> list[str]:
+    """'input.customer.id' (or 'customer.id') -> ['customer', 'id']: the path of a limit key in the run input."""
+    if not isinstance(path, str) or not path:
+        raise InvalidArgument(f"{field}: must be a field path such as input.tenant, got {path!r}")
+    parts = path.split(".")
+    if parts[0] == "input":
+        parts = parts[1:]
+    if not parts or len(parts) > 16 or not all(KEY_SEGMENT.match(p) for p in parts):
+        raise InvalidArgument(f"{field}: {path!r} is not a field path of the run input "
+                              "(input.<field>[.<field>...], at most 16 fields of 1 to 128 characters)")
+    return parts
+
+
+def validate_key(key: str, field: str) -> str:
+    if not isinstance(key, str) or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise InvalidArgument(f"{field}: must be a string of at most {MAX_KEY_LENGTH} characters without NUL")
+    return key
+
+
+def normalize_limit_uses(value: Any, where: str) -> list[dict[str, Any]]:
+    """A node's or job's `limits` -> [{"limit": name, "key": constant} | {"limit": name, "key_path": [...]}].
+
+    Each use names its limit and gives a constant `key` or a `key_path` ("input.tenant"), not both.
+    """
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{where}: limits: must be a list of {{limit, key | key_path}}, got {value!r}")
+    uses = list(value)
+    if len(uses) > MAX_LIMIT_USES:
+        raise InvalidArgument(f"{where}: limits: {len(uses)} limits, more than {MAX_LIMIT_USES}")
+    out: list[dict[str, Any]] = []
+    for j, use in enumerate(uses):
+        field = f"{where}: limits[{j}]"
+        if not isinstance(use, Mapping):
+            raise InvalidArgument(f"{field}: must be an object {{limit, key | key_path}}, got {use!r}")
+        unknown = set(use) - {"limit", "key", "key_path"}
+        if unknown:
+            raise InvalidArgument(f"{field}: unknown option(s) {', '.join(sorted(unknown))}")
+        name = validate_name(use.get("limit"), f"{field}: limit")
+        if any(u["limit"] == name for u in out):
+            raise InvalidArgument(f"{field}: limit: {name!r} is listed twice")
+        key, path = use.get("key"), use.get("key_path")
+        if key and path:
+            raise InvalidArgument(f"{field}: give key or key_path, not both")
+        if path:
+            steps = path if isinstance(path, list) else parse_key_path(path, f"{field}: key_path")
+            if not steps or not all(isinstance(p, str) and KEY_SEGMENT.match(p) for p in steps):
+                raise InvalidArgument(f"{field}: key_path: {path!r} is not a field path of the run input")
+            out.append({"limit": name, "key_path": list(steps)})
+        else:
+            out.append({"limit": name, "key": validate_key(key or "", f"{field}: key")})
+    return out
 
 
 def normalize_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -112,6 +170,10 @@ def _normalize_node(i: int, node: Mapping[str, Any], seen: dict[str, int]) -> di
     if len(set(deps)) != len(deps):
         raise InvalidArgument(f"{where}: deps: a dependency is listed twice")
     n["deps"] = deps
+    if node.get("limits"):
+        if n["type"] != "task":
+            raise InvalidArgument(f"{where}: limits: only task nodes consume limits")
+        n["limits"] = normalize_limit_uses(node["limits"], where)
     for key, default in DEFAULTS.items():
         value = node.get(key)
         n[key] = default if value is None else value

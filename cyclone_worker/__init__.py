@@ -15,11 +15,13 @@ Example::
         run_id = await client.submit("hello", {"name": "Ada"})
 """
 
-from ._client import Client, Job
+from ._client import Client
+from ._job import Job
 from ._context import CancelFlag, CompletionTx, Context
 from ._logging import StepLogFilter
 from ._errors import (CycloneClientError, CycloneError, Fenced, HandlerError, Permanent, RetryAfter, RunCancelled,
                       RunFailed, Snooze)
+from ._limits import Limit, LimitKeyStats, LimitUse
 from ._models import TERMINAL_RUN_STATES, KindStats, Run, Step, StepError, WorkerInfo, WorkflowInfo
 from ._schedules import Schedule, ScheduleRun
 from ._worker import Handler, Reconnect, Worker
@@ -32,4 +34,5 @@ __all__ = [
     "CycloneError", "HandlerError", "Permanent", "RetryAfter", "Snooze", "Fenced", "CycloneClientError",
     "RunFailed", "RunCancelled",
     "Schedule", "ScheduleRun",
+    "LimitUse", "Limit", "LimitKeyStats",
 ]

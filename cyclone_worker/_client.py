@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -16,12 +14,14 @@ import grpc
 from ._channel import auth_metadata, open_channel
 from ._enqueues import Enqueues, Trace
 from ._errors import CycloneClientError, RunCancelled, RunFailed
+from ._job import Job, deadline_fields
+from ._limits import LimitCalls, LimitUse
 from ._models import KindStats, Run, WorkerInfo, WorkflowInfo
 from ._tracing import trace_metadata
 from ._schedules import Schedule, overlap_value, settings_proto
-from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2, workflows_pb2,
-                     workflows_pb2_grpc)
-from .values import Seconds, seconds_of, to_duration, to_timestamp, to_value
+from cyclone_proto import (admin_pb2, admin_pb2_grpc, limits_pb2, limits_pb2_grpc, runs_pb2, runs_pb2_grpc, types_pb2,
+                           workflows_pb2, workflows_pb2_grpc)
+from .values import Seconds, to_duration, to_timestamp, to_value
 from cyclone_proto import schedules_pb2, schedules_pb2_grpc
 from ._workflow import Workflow
 
@@ -30,71 +30,6 @@ __all__ = ["Client"]
 # One WaitRun call waits at most this long; `wait` loops, so a long wait survives proxies
 # that cut idle calls.
 _WAIT_SLICE = 30.0
-
-
-def _deadline_fields(deadline: datetime | Seconds | None) -> dict[str, Any]:
-    """A deadline as `deadline` (absolute datetime) or `deadline_in` (seconds / timedelta from now)."""
-    if deadline is None:
-        return {}
-    if isinstance(deadline, datetime):
-        return {"deadline": to_timestamp(deadline, "deadline")}
-    return {"deadline_in": to_duration(deadline, "deadline")}
-
-
-@dataclass(frozen=True)
-class Job:
-    """One standalone job for `Client.enqueue_many`; the fields are `Client.enqueue`'s arguments.
-
-    `deadline` is a datetime, or seconds / a timedelta from submission; `scheduled_at` a
-    datetime, or seconds / a timedelta from now.
-
-    Example::
-
-        jobs = [Job("resize", {"image": name}, priority=1, max_attempts=5) for name in names]
-        run_ids = await client.enqueue_many(jobs)
-    """
-
-    kind: str
-    input: Any = None
-    priority: int = 0
-    idempotency_key: str | None = None
-    deadline: datetime | Seconds | None = None
-    scheduled_at: datetime | Seconds | None = None
-    max_attempts: int | None = None
-    backoff_initial: Seconds | None = None
-    backoff_max: Seconds | None = None
-    max_reclaims: int | None = None
-    attempt_timeout: Seconds | None = None
-    retention: Seconds | None = None
-
-    def to_proto(self, where: str = "") -> runs_pb2.EnqueueRequest:
-        """The EnqueueRequest for this job; a value that cannot be sent raises TypeError or ValueError
-        naming the field, after `where` (such as "jobs[3]") when given."""
-        try:
-            req = runs_pb2.EnqueueRequest(kind=self.kind, input=to_value(self.input, "input"), priority=self.priority,
-                                          idempotency_key=self.idempotency_key or "", **_deadline_fields(self.deadline))
-            if self.max_attempts is not None:
-                req.max_attempts = self.max_attempts
-            if self.max_reclaims is not None:
-                req.max_reclaims = self.max_reclaims
-            for name in ("backoff_initial", "backoff_max", "attempt_timeout", "retention"):
-                value = getattr(self, name)
-                if value is not None:
-                    getattr(req, name).CopyFrom(to_duration(value, name))
-            if self.scheduled_at is not None:
-                when = self.scheduled_at if isinstance(self.scheduled_at, datetime) else (
-                    datetime.now(timezone.utc) + timedelta(seconds=seconds_of(self.scheduled_at, "scheduled_at")))
-                req.scheduled_at.CopyFrom(to_timestamp(when, "scheduled_at"))
-        except (TypeError, ValueError) as e:
-            if not where:
-                raise
-            # "jobs[3]" + "input.rows[2]: ..." -> "jobs[3].input.rows[2]: ..."; other messages after ": ".
-            message = f"{where}.{e}" if _FIELD_PATH.match(str(e)) else f"{where}: {e}"
-            raise (TypeError if isinstance(e, TypeError) else ValueError)(message) from e
-        return req
-
-
-_FIELD_PATH = re.compile(r"^[A-Za-z_][\w.\[\]]*: ")
 
 
 def _unreachable(details: str) -> str:
@@ -117,14 +52,15 @@ def _run_state(word: str) -> Any:  # a RunState value
 # The calls that change nothing, or nothing more when made twice: made again when the
 # connection they were sent on broke (see Client._call).
 _REPEATABLE = frozenset({"GetRun", "GetSchedule", "GetStats", "GetWorkflow", "ListRuns", "ListSchedules",
-                         "ListWorkers", "ListWorkflows", "WaitRun", "RegisterWorkflow"})
+                         "ListWorkers", "ListWorkflows", "WaitRun", "RegisterWorkflow", "GetLimit", "ListLimits",
+                         "SetLimit"})
 
 # Statuses a call can end with that the server did not send: it may not have been reached.
 _NOT_AN_ANSWER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                             grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
 
 
-class Client:
+class Client(LimitCalls):
     """An async client of a Cyclone server.
 
     Every failed call raises `CycloneClientError` carrying the gRPC status code. Until the
@@ -251,6 +187,7 @@ class Client:
 
     async def register(self, workflow: Workflow) -> WorkflowInfo:
         """Store a workflow definition; the same definition again is a no-op (`created` False).
+        Then set the limits of its runs that it declares (`Workflow.limit_runs`).
 
         Example::
 
@@ -258,6 +195,8 @@ class Client:
             print(info.version, info.created)
         """
         resp = await self._call(workflows_pb2_grpc.WorkflowsStub, "RegisterWorkflow", workflow.to_proto())
+        for limit in workflow.run_limits:
+            await self._call(limits_pb2_grpc.LimitsStub, "SetLimit", limits_pb2.SetLimitRequest(limit=limit))
         return WorkflowInfo.from_proto(resp.workflow, created=resp.created)
 
     async def get_workflow(self, name: str, version: int = 0) -> WorkflowInfo:
@@ -297,26 +236,29 @@ class Client:
         name = workflow.name if isinstance(workflow, Workflow) else workflow
         req = runs_pb2.SubmitRunRequest(workflow=name, version=version, input=to_value(input, "input"),
                                         priority=priority, idempotency_key=idempotency_key or "",
-                                        **_deadline_fields(deadline))
+                                        **deadline_fields(deadline))
         return (await self._call(runs_pb2_grpc.RunsStub, "SubmitRun", req)).run_id
 
     async def enqueue(self, kind: str, input: Any = None, *, priority: int = 0, idempotency_key: str | None = None,
                       deadline: datetime | Seconds | None = None, scheduled_at: datetime | Seconds | None = None,
                       max_attempts: int | None = None, backoff_initial: Seconds | None = None,
                       backoff_max: Seconds | None = None, max_reclaims: int | None = None,
-                      attempt_timeout: Seconds | None = None, retention: Seconds | None = None) -> str:
+                      attempt_timeout: Seconds | None = None, retention: Seconds | None = None,
+                      limits: Sequence[LimitUse] = ()) -> str:
         """Start a standalone job (a one-node run of step kind `kind`); returns its run id.
 
-        `scheduled_at` is a datetime, or seconds / a timedelta from now.
+        `scheduled_at` is a datetime, or seconds / a timedelta from now. The job consumes
+        `limits` (see `LimitUse`), besides those that name its kind.
 
         Example::
 
             run_id = await client.enqueue("send_email", {"to": "ada@example.com"}, max_attempts=5)
+            await client.enqueue("sync", {"tenant": "acme"}, limits=[LimitUse("per-tenant", key_path="tenant")])
         """
         job = Job(kind, input, priority=priority, idempotency_key=idempotency_key, deadline=deadline,
                   scheduled_at=scheduled_at, max_attempts=max_attempts, backoff_initial=backoff_initial,
                   backoff_max=backoff_max, max_reclaims=max_reclaims, attempt_timeout=attempt_timeout,
-                  retention=retention)
+                  retention=retention, limits=limits)
         # The trace context is the caller's: the job may be sent by another task.
         return await self._enqueues.enqueue(job.to_proto(), trace_metadata())
 
@@ -451,7 +393,7 @@ class Client:
 
             run = await client.retry(run_id, "load")
         """
-        req = runs_pb2.RetryStepRequest(run_id=run_id, node=node, **_deadline_fields(deadline))
+        req = runs_pb2.RetryStepRequest(run_id=run_id, node=node, **deadline_fields(deadline))
         return await self._action("RetryStep", req)
 
     async def retry_all(self, run_id: str, *, deadline: datetime | Seconds | None = None) -> Run:
@@ -461,7 +403,7 @@ class Client:
 
             run = await client.retry_all(run_id)
         """
-        return await self._action("RetryAll", runs_pb2.RetryAllRequest(run_id=run_id, **_deadline_fields(deadline)))
+        return await self._action("RetryAll", runs_pb2.RetryAllRequest(run_id=run_id, **deadline_fields(deadline)))
 
     async def signal(self, run_id: str, name: str, payload: Any = None) -> str:
         """Send signal `name` to a run's mailbox; returns the signal id.

@@ -82,6 +82,11 @@ class Step:
     reason: str = ""
     cancel_cause: str = ""
     child_run_id: str = ""
+    # An available step that a limit holds back: which limit and key, and why
+    # ("limit per-tenant key acme: 2/2 running"); "" otherwise.
+    held_by: str = ""
+    # The limits the step consumes, as "<limit>=<key>" (docs/flow-control.md).
+    limits: list[str] = field(default_factory=list)
     deps: list[str] = field(default_factory=list)
     errors: list[StepError] = field(default_factory=list)
     scheduled_at: datetime | None = None
@@ -101,7 +106,7 @@ class Step:
             max_reclaims=s.max_reclaims, snoozes=s.snoozes, priority=s.priority,
             lease_generation=s.lease_generation, lease_owner=s.lease_owner, output=_value(s, "output"),
             error_kind=s.error_kind, reason=s.reason, cancel_cause=s.cancel_cause,
-            child_run_id=s.child_run_id, deps=list(s.deps),
+            child_run_id=s.child_run_id, held_by=s.held_by, limits=list(s.limits), deps=list(s.deps),
             errors=[StepError(e.attempt, e.error_kind, e.message, _time(e, "at"), e.reason, e.details)
                     for e in s.errors],
             scheduled_at=_time(s, "scheduled_at"), lease_expiry=_time(s, "lease_expiry"),
@@ -167,7 +172,8 @@ class Run:
 @dataclass
 class WorkflowInfo:
     """A stored workflow version; `nodes` are dicts with every default filled in
-    (durations in seconds; `type` and `on_dep_failure` as words).
+    (durations in seconds; `type` and `on_dep_failure` as words; `limits` a list of
+    {"limit", "key", "key_path"}).
 
     Example::
 
@@ -199,6 +205,7 @@ def _node_dict(n: types_pb2.Node) -> dict[str, Any]:
         d[name] = from_duration(getattr(n, name)) if n.HasField(name) else None
     d["signal"] = n.signal or None
     d["workflow"] = n.workflow or None
+    d["limits"] = [{"limit": u.limit, "key": u.key, "key_path": u.key_path} for u in n.limits]
     return d
 
 

@@ -11,7 +11,7 @@ from ._models import _time, _value, enum_name
 from .values import Seconds, from_duration, to_duration, to_timestamp, to_value
 
 if TYPE_CHECKING:
-    from ._client import Job
+    from ._job import Job
 
 __all__ = ["Schedule", "ScheduleRun", "OVERLAP_POLICIES"]
 

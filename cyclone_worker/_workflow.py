@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cyclone_proto import types_pb2, workflows_pb2
+from cyclone_proto import limits_pb2, types_pb2, workflows_pb2
+from ._limits import LimitUse, limit_request, limit_uses_proto
 from .values import Seconds, seconds_of, to_duration
 
 __all__ = ["Workflow", "CancelBranch", "FailRun", "OnDepFailure"]
@@ -49,6 +50,8 @@ class _Node:
                 getattr(node, name).CopyFrom(to_duration(value, where))
             elif name in _INTS:
                 setattr(node, name, int(value))
+            elif name == "limits":
+                node.limits.extend(limit_uses_proto(value, where))
             elif name == "on_dep_failure":
                 if value not in _ON_DEP_FAILURE:
                     raise ValueError(f"{where}: {value!r} is not CancelBranch or FailRun")
@@ -76,6 +79,7 @@ class Workflow:
     def __init__(self, name: str) -> None:
         self.name = name
         self._nodes: dict[str, _Node] = {}
+        self._run_limits: dict[str, limits_pb2.Limit] = {}
 
     @property
     def nodes(self) -> list[str]:
@@ -98,6 +102,10 @@ class Workflow:
         for name in _DURATIONS:
             if options.get(name) is not None:
                 seconds_of(options[name], f'node "{node_id}": {name}')
+        uses = options.get("limits")
+        if uses is not None:
+            options["limits"] = uses if isinstance(uses, str | bytes | Mapping | LimitUse) else tuple(uses)
+            limit_uses_proto(options["limits"], f'node "{node_id}": limits')  # a bad entry fails here
         self._nodes[node_id] = _Node(node_id, type_, tuple(deps), options)
         return self
 
@@ -105,17 +113,20 @@ class Workflow:
              max_attempts: int | None = None, backoff_initial: Seconds | None = None,
              backoff_max: Seconds | None = None, priority: int | None = None,
              max_reclaims: int | None = None, attempt_timeout: Seconds | None = None,
-             on_dep_failure: OnDepFailure | None = None, retention: Seconds | None = None) -> Workflow:
-        """Add a task node, run by a worker that handles `kind` (default: the node id).
+             on_dep_failure: OnDepFailure | None = None, retention: Seconds | None = None,
+             limits: Iterable[LimitUse] | None = None) -> Workflow:
+        """Add a task node, run by a worker that handles `kind` (default: the node id). Its steps
+        consume `limits` (see `LimitUse`; the limits must exist when a run is submitted).
 
         Example::
 
-            Workflow("w").task("fetch", max_attempts=3).task("parse", deps=["fetch"])
+            (Workflow("w").task("fetch", max_attempts=3, limits=[LimitUse("per-tenant", key_path="input.tenant")])
+                          .task("parse", deps=["fetch"]))
         """
         return self._add(id, "task", deps, kind=kind, max_attempts=max_attempts,
                          backoff_initial=backoff_initial, backoff_max=backoff_max, priority=priority,
                          max_reclaims=max_reclaims, attempt_timeout=attempt_timeout,
-                         on_dep_failure=on_dep_failure, retention=retention)
+                         on_dep_failure=on_dep_failure, retention=retention, limits=limits)
 
     def child(self, id: str, workflow: str | Workflow, *, deps: Iterable[str] = (),
               max_wait: Seconds | None = None, on_dep_failure: OnDepFailure | None = None,
@@ -155,6 +166,34 @@ class Workflow:
         """
         return self._add(id, "signal", deps, signal=name, max_wait=max_wait,
                          on_dep_failure=on_dep_failure, retention=retention)
+
+    def limit_runs(self, limit: str, *, max_running: int | None = None, rate: int | None = None,
+                   period: Seconds | None = None, strategy: str = "queue", key: str = "", key_path: str = "",
+                   weights: Mapping[str, int] | None = None) -> Workflow:
+        """Cap this workflow's runs with the limit named `limit`, of scope "runs": at most
+        `max_running` active runs per key (a run holds its slot from its first claimed step until
+        it ends) and at most `rate` run starts per key per `period` seconds. `Client.register`
+        sets the limit (SetLimit, which needs the admin role) after registering the workflow,
+        naming this workflow alone; a limit shared by several workflows is set with
+        `Client.set_limit(..., scope="runs", workflows=[...])` instead.
+
+        Example::
+
+            wf = Workflow("ingest").task("pull").task("load", deps=["pull"])
+            wf.limit_runs("ingest-per-account", max_running=1, key_path="input.account")
+            await client.register(wf)
+        """
+        if limit in self._run_limits:
+            raise ValueError(f'limit_runs: limit "{limit}" is declared twice in workflow "{self.name}"')
+        self._run_limits[limit] = limit_request(limit, max_running=max_running, rate=rate, period=period,
+                                                strategy=strategy, scope="runs", workflows=[self.name], key=key,
+                                                key_path=key_path, weights=weights)
+        return self
+
+    @property
+    def run_limits(self) -> list[limits_pb2.Limit]:
+        """The limits `limit_runs` declared, as `Client.register` sets them."""
+        return list(self._run_limits.values())
 
     def to_proto(self) -> workflows_pb2.RegisterWorkflowRequest:
         """The RegisterWorkflow request for this definition (the server validates the DAG).

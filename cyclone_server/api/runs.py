@@ -226,6 +226,8 @@ def _job_of(request: runs_pb2.EnqueueRequest, trace_context: dict[str, str] | No
         seconds = convert.duration_seconds(request, key)
         if seconds is not None:
             options[key] = seconds
+    if request.limits:
+        options["limits"] = convert.limit_uses_of(request.limits)
     scheduled_at = convert.timestamp_dt(request, "scheduled_at")
     fingerprint = None
     if request.idempotency_key:  # the request as given identifies it for the idempotency check (see SubmitRun)

@@ -21,7 +21,7 @@ import grpc
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
-from cyclone_proto import admin_pb2_grpc, runs_pb2_grpc, schedules_pb2_grpc, workflows_pb2_grpc
+from cyclone_proto import admin_pb2_grpc, limits_pb2_grpc, runs_pb2_grpc, schedules_pb2_grpc, workflows_pb2_grpc
 
 from cyclone_server.auth import SecurityConfigError, open_channel
 from cyclone_server.listen import DEFAULT_PORT, split_host_port
@@ -45,6 +45,7 @@ class Client:
         self.runs, self.timeout = runs_pb2_grpc.RunsStub(channel), rpc_timeout
         self.workflows, self.admin = workflows_pb2_grpc.WorkflowsStub(channel), admin_pb2_grpc.AdminStub(channel)
         self.schedules = schedules_pb2_grpc.SchedulesStub(channel)
+        self.limits = limits_pb2_grpc.LimitsStub(channel)
 
 
 

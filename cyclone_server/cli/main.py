@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 
-from . import runs, schedules, workers
+from . import limits, runs, schedules, workers
 from .common import HelpFormatter, Leaves
 from .dev import DEV_HTTP_LISTEN, dev_metrics_listen, run_dev
 from cyclone_server.serve import settings as declared
@@ -109,7 +109,7 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`cyclone server|migrate|dev|runs|workflows|stats`."""
+    """`cyclone server|migrate|dev|runs|workflows|stats|schedules|workers|limits`."""
     p = argparse.ArgumentParser(prog="cyclone", description="Cyclone: a durable workflow engine on Postgres.")
     p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "console's /metrics)")
     add_log_flag(dev)
     leaves = Leaves()
-    for group in (runs, schedules, workers):
+    for group in (runs, schedules, workers, limits):
         group.register(sub, leaves)
     args = p.parse_args(argv)
     if getattr(args, "func", None) is not None:  # runs, workflows, stats: gRPC clients, no logging set-up

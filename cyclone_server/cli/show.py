@@ -119,6 +119,8 @@ def step_info(s: types_pb2.Step) -> str:
     if state == "discarded":
         last = s.errors[-1].message if s.errors else ""
         return f"{s.error_kind}" + (f" ({s.reason})" if s.reason else "") + (f": {last[:60]}" if last else "")
+    if s.held_by:  # an available step a limit holds back
+        return f"waiting: {s.held_by}"
     return {"cancelled": f"cause: {s.cancel_cause}", "running": f"worker {s.lease_owner}",
             "completed": f"by {s.lease_owner}" if s.lease_owner else ""}.get(
         state, f"child run {s.child_run_id}" if s.child_run_id else "")

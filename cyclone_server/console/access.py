@@ -13,6 +13,7 @@ TOKEN_COOKIE = "cyclone_token"
 CSRF_COOKIE = "cyclone_csrf"
 READ_METHOD = "/cyclone.v1.Runs/GetRun"  # a token that may call it may read the console
 ACT_METHOD = "/cyclone.v1.Runs/CancelRun"  # a token that may call it (admin) may act
+LIMITS_METHOD = "/cyclone.v1.Limits/ListLimits"  # a token that may call it may read the limits page
 OPEN_PATHS = ("/login", "/healthz", "/metrics", "/static/")
 
 

@@ -82,7 +82,7 @@ def step_view(s: Mapping[str, Any], now: datetime) -> dict[str, Any]:
                     "at": str(e.get("at") or "")[:19].replace("T", " ")}
                    for e in (s.get("errors") or [])],
         "reason": s.get("reason") or "", "error_kind": s.get("error_kind") or "",
-        "cancel_cause": s.get("cancel_cause") or "",
+        "cancel_cause": s.get("cancel_cause") or "", "held_by": s.get("held_by") or "",
         "child_run": str(s["child_run_id"]) if s.get("child_run_id") else "",
         "retryable": s["state"] == "discarded",
     }
@@ -115,6 +115,36 @@ def schedule_view(row: Mapping[str, Any]) -> dict[str, Any]:
         "deadline_in": fmt_seconds(float(target["deadline_in"])) if target.get("deadline_in") else "",
         "input": fmt_json(target.get("input")), "options": fmt_json(job) if job else "",
         "created": fmt_time(row.get("created_at")), "updated": fmt_time(row.get("updated_at")),
+    }
+
+
+def _per(seconds: float) -> str:
+    """A rate's period: 60 -> 'minute', 7200 -> '2 h', 90 -> '90 s'."""
+    for unit, name, size in (("d", "day", 86400), ("h", "hour", 3600), ("m", "minute", 60), ("s", "second", 1)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return name if n == 1 else f"{n} {unit}"
+    return f"{seconds:g} s"
+
+
+def limit_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What the limits page shows of a limit (engine.list_limits: cyclone_limits and its busiest keys)."""
+    cap, rate, period = row.get("max_running"), row.get("rate"), row.get("period")
+    if row["workflows"]:
+        applies = "runs of workflows " + ", ".join(row["workflows"])
+    else:
+        applies = "steps of kinds " + ", ".join(row["kinds"]) if row["kinds"] else "steps of the nodes that name it"
+    keys = [{"key": k["key"], "running": k["running"], "waiting": k["waiting"],
+             "oldest": fmt_seconds(k["oldest_waiting_age"]) if k["waiting"] else "",
+             "starts": k.get("starts_in_window") or 0, "full": bool(cap) and k["running"] >= cap}
+            for k in row.get("keys") or []]
+    return {
+        "name": row["name"], "scope": row["scope"], "strategy": row["strategy"], "max_running": cap or 0,
+        "rate": f"{rate} per {_per(float(period))}" if rate and period else "", "rate_count": rate or 0,
+        "applies": applies, "key": ".".join(["input", *row["key_path"]]) if row.get("key_path")
+        else json.dumps(row["key_const"], ensure_ascii=False) if row.get("key_const") else "",
+        "weights": ", ".join(f"{k}={w}" for k, w in sorted((row.get("weights") or {}).items())),
+        "busiest": keys, "updated": fmt_time(row.get("updated_at")),
     }
 
 

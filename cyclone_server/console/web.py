@@ -9,8 +9,8 @@ Security (see docs/console.md):
 - With tokens configured, every page but /login, /healthz, /metrics and /static needs a
   token, from the sign-in form (kept in an HTTP-only, SameSite=Strict cookie, Secure over
   HTTPS) or an `Authorization: Bearer` header. Reading needs a token that may call
-  Runs/GetRun (role submit or admin), acting one that may call Runs/CancelRun (admin): the
-  same TokenAuthInterceptor as the gRPC port decides.
+  Runs/GetRun (role submit or admin; the limits page Limits/ListLimits too), acting one that
+  may call Runs/CancelRun (admin): the same TokenAuthInterceptor as the gRPC port decides.
 - Every POST carries a CSRF token equal to the browser's `cyclone_csrf` cookie (double
   submit; the cookie is SameSite=Strict and HTTP-only), and a request whose Origin is
   another site is refused. A request authenticated by its Authorization header carries no
@@ -40,9 +40,9 @@ from cyclone_server.store.engine import Engine
 from cyclone_server.convert import kind_without_workers
 from cyclone_server.errors import CycloneError, InvalidArgument, NotFound, Unavailable
 from . import graph, views
-from .access import (ACT_METHOD, CSRF_COOKIE, OPEN_PATHS, READ_METHOD, TOKEN_COOKIE, Access, decorate, is_https,
-                     same_origin, safe_next)
-from .views import fmt_json, fmt_seconds, fmt_time, run_summary, schedule_view, step_view, timeline
+from .access import (ACT_METHOD, CSRF_COOKIE, LIMITS_METHOD, OPEN_PATHS, READ_METHOD, TOKEN_COOKIE, Access, decorate,
+                     is_https, same_origin, safe_next)
+from .views import fmt_json, fmt_seconds, fmt_time, limit_view, run_summary, schedule_view, step_view, timeline
 
 log = logging.getLogger("cyclone.console")
 
@@ -117,6 +117,7 @@ class Console:
         r.add_get("/schedules", self.schedules)
         r.add_get("/schedules/{name}", self.schedule)
         r.add_post("/schedules/{name}/actions/{action}", self.schedule_action)
+        r.add_get("/limits", self.limits)
         r.add_static("/static/", HERE / "static")
 
     # -- middleware: authentication and CSRF ------------------------------------------
@@ -416,6 +417,14 @@ class Console:
                     "heartbeat": fmt_seconds(max((now - w["heartbeat_at"]).total_seconds(), 0.0)) + " ago"}
                    for w in await self.engine.list_workers()]
         return self.render(request, "workers.html", title="Workers and backlog", kinds=kinds, workers=workers)
+
+    async def limits(self, request: web.Request) -> web.Response:
+        # What Limits/ListLimits answers, for the tokens that may call it.
+        refusal = self.access.refusal(request["token"], LIMITS_METHOD)
+        if refusal is not None:
+            raise self._error(request, *refusal)
+        rows = await self.engine.list_limits()
+        return self.render(request, "limits.html", title="Limits", limits=[limit_view(r) for r in rows])
 
     # -- schedules -------------------------------------------------------------------
 

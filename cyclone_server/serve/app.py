@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workflows_pb2, workflows_pb2_grpc)
-from cyclone_proto import schedules_pb2, schedules_pb2_grpc
+from cyclone_proto import limits_pb2, limits_pb2_grpc, schedules_pb2, schedules_pb2_grpc
 
 from cyclone_server import auth
 from .background import Background
@@ -36,6 +36,7 @@ from cyclone_server.api.runs import RunsServicer
 from cyclone_server import tracing
 from .scheduler import Scheduler
 from cyclone_server.api.schedules import SchedulesServicer
+from cyclone_server.api.limits import LimitsServicer
 
 if TYPE_CHECKING:
     from cyclone_server.console import HttpServer
@@ -51,7 +52,7 @@ STOP_QUIET = 0.05
 SERVICE_NAMES = tuple(
     module.DESCRIPTOR.services_by_name[name].full_name
     for module, name in ((workflows_pb2, "Workflows"), (runs_pb2, "Runs"), (workers_pb2, "Workers"),
-                         (admin_pb2, "Admin"), (schedules_pb2, "Schedules"))
+                         (admin_pb2, "Admin"), (schedules_pb2, "Schedules"), (limits_pb2, "Limits"))
 )
 
 # A dead peer (a worker whose host vanished) must be noticed within seconds, not at the
@@ -153,7 +154,7 @@ class CycloneServer:
         ])
         self.hub = WorkerHub(self.engine, self.notifier, server_id=s.server_id, lease_ttl=s.lease_ttl)
         self.engine.prompt_listeners.append(self.hub.dispatcher.unpace)
-        self.engine.available_listeners.append(self.hub.wake)
+        self.engine.available_listeners.append(self.hub.dispatcher.new_work)
         self.runs = RunsServicer(self.engine, self.notifier, claim=self.hub.dispatcher.enqueue)
         # Every service registers through a Registrar: a request that does not parse is
         # INVALID_ARGUMENT. Cyclone's unary calls pass the gate; health and reflection keep
@@ -164,6 +165,7 @@ class CycloneServer:
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.engine), cyclone)
         tokens = next((i for i in s.interceptors if isinstance(i, auth.TokenAuthInterceptor)), None)
         schedules_pb2_grpc.add_SchedulesServicer_to_server(SchedulesServicer(self.engine, tokens=tokens), cyclone)
+        limits_pb2_grpc.add_LimitsServicer_to_server(LimitsServicer(self.engine), cyclone)
         self.scheduler = Scheduler(self.engine, self.notifier)
         self.background = Background(self.engine, self.notifier, sweep_interval=s.sweep_interval,
                                      retention_interval=s.retention_interval,

@@ -2,12 +2,13 @@
 database-wide gauges read from Postgres once per scrape.
 
 Counters and histograms are per process (Prometheus sums them across servers), as are
-prometheus_client's process and Python metrics. The per-kind backlog, the workers per kind
-and the runs ended per workflow come from the database (the view `cyclone_v_kinds`, the
-table `cyclone_workers`, the index `cyclone_runs_finished`), so every server reports the
-same, database-wide numbers. Those are read in the server's event loop before each
-exposition (`Metrics.prepare`): concurrent scrapes share one read in flight, and a read
-that takes longer than STATS_TIMEOUT is reported (`cyclone_stats_up 0`), not waited for.
+prometheus_client's process and Python metrics. The per-kind backlog, the workers per kind,
+the runs ended per workflow and the usage of each limit's busiest keys come from the database
+(the view `cyclone_v_kinds`, the table `cyclone_workers`, the index `cyclone_runs_finished`,
+`cyclone_limit_keys_stats`), so every server reports the same, database-wide numbers.
+Those are read in the server's event loop before each exposition (`Metrics.prepare`):
+concurrent scrapes share one read in flight, and a read that takes longer than
+STATS_TIMEOUT is reported (`cyclone_stats_up 0`), not waited for.
 
 Two ways to serve them: `serve_metrics` (prometheus_client's HTTP server on its own
 thread, `--metrics-listen`), and `scrape` for an HTTP app of the server's own loop.
@@ -51,6 +52,9 @@ STATS_TIMEOUT = 10.0  # seconds; a scrape must answer even when Postgres does no
 # ended a run but committed a little later (finished_at is its start time) is not missed.
 RUNS_ENDED_LAG = timedelta(seconds=5)
 RECLAIM_HOWS = ("expired", "worker_lost")  # the `how` of cyclone_reclaims_total
+# Keys per limit with series of their own (the busiest, by running + waiting): a bounded label set,
+# however many tenants a key path brings.
+LIMIT_KEYS_SHOWN = 10
 
 
 class StatsSource(Protocol):
@@ -59,6 +63,8 @@ class StatsSource(Protocol):
     async def list_workers(self, kind: str | None = None) -> list[dict[str, Any]]: ...
 
     async def runs_ended(self, since: datetime | None, lag: timedelta) -> tuple[list[dict[str, Any]], datetime]: ...
+
+    async def list_limits(self, *, top: int) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Snapshot:
     workers: list[dict[str, Any]] = field(default_factory=list)
     ok: bool = False
     seconds: float = 0.0
+    limits: list[dict[str, Any]] = field(default_factory=list)  # each with its busiest keys under "keys"
 
 
 # Set while one exposition is generated: the snapshot the database collector reports.
@@ -129,10 +136,49 @@ class _DatabaseCollector:
         for (workflow, state), n in sorted(self.metrics.runs_ended.items()):
             ended.add_metric([workflow, state], n)
         yield ended
+        yield from _limit_families(snap.limits)
         yield GaugeMetricFamily("cyclone_stats_up", "1 when the last read of the database for metrics succeeded.",
                                 value=1 if snap.ok else 0)
         yield GaugeMetricFamily("cyclone_stats_scrape_seconds",
                                 "Time spent reading the database for this scrape.", value=snap.seconds)
+
+
+def _limit_families(limits: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Per limit its settings, and per key of its busiest LIMIT_KEYS_SHOWN the running, waiting and
+    oldest waiting steps (runs, for scope runs) and the starts in the rate's window."""
+    per_key = [
+        ("cyclone_limit_running", "Running steps (scope steps) or active runs (scope runs) under the key, for the "
+         "busiest keys of each limit.", "running"),
+        ("cyclone_limit_waiting", "Steps (or runs) waiting under the key, for the busiest keys of each limit.",
+         "waiting"),
+        ("cyclone_limit_oldest_waiting_seconds", "How long the oldest waiting step of the key has been claimable, "
+         "for the busiest keys of each limit.", "oldest_waiting_age"),
+        ("cyclone_limit_starts_in_window", "Starts under the key in the current window of the limit's rate, for the "
+         "busiest keys of each limit with a rate.", "starts_in_window"),
+    ]
+    for name, help, column in per_key:
+        g = GaugeMetricFamily(name, help, labels=["limit", "key"])
+        for limit in limits:
+            if column == "starts_in_window" and not limit["rate"]:
+                continue
+            for k in limit["keys"][:LIMIT_KEYS_SHOWN]:
+                g.add_metric([limit["name"], k["key"]], _seconds(k[column]))
+        yield g
+    cap = GaugeMetricFamily("cyclone_limit_max_running", "The limit's max_running per key (limits with a cap).",
+                            labels=["limit"])
+    rate = GaugeMetricFamily("cyclone_limit_rate", "Starts per key the limit allows in any window of its period "
+                             "(limits with a rate).", labels=["limit"])
+    period = GaugeMetricFamily("cyclone_limit_period_seconds", "The period of the limit's rate (limits with a rate).",
+                               labels=["limit"])
+    for limit in limits:
+        if limit["max_running"]:
+            cap.add_metric([limit["name"]], limit["max_running"])
+        if limit["rate"]:
+            rate.add_metric([limit["name"]], limit["rate"])
+            period.add_metric([limit["name"]], float(limit["period"]))
+    yield cap
+    yield rate
+    yield period
 
 
 class _ThreadRegistry:
@@ -278,6 +324,7 @@ class Metrics:
                 kinds = await engine.stats()
                 workers = await engine.list_workers()
                 ended, until = await engine.runs_ended(self._runs_ended_since, RUNS_ENDED_LAG)
+                limits = await engine.list_limits(top=LIMIT_KEYS_SHOWN)
         except Exception as e:  # a scrape reports the failure instead of failing itself
             log.warning("metrics: reading the database failed: %s", e)
             return Snapshot(ok=False, seconds=time.perf_counter() - start)
@@ -285,7 +332,7 @@ class Metrics:
             key = (row["workflow"] or "", row["state"])
             self.runs_ended[key] = self.runs_ended.get(key, 0) + row["n"]
         self._runs_ended_since = until
-        return Snapshot(kinds, workers, True, time.perf_counter() - start)
+        return Snapshot(kinds, workers, True, time.perf_counter() - start, limits)
 
     def expose(self, snapshot: Snapshot) -> bytes:
         """The text exposition of everything, the database families from `snapshot`."""
@@ -338,4 +385,4 @@ async def serve_metrics(metrics: Metrics, engine: StatsSource | None, host: str 
 
 
 __all__ = ["Metrics", "MetricsServer", "Snapshot", "scrape", "serve_metrics",
-           "CONTENT_TYPE", "DEFAULT_METRICS_PORT", "RECLAIM_HOWS"]
+           "CONTENT_TYPE", "DEFAULT_METRICS_PORT", "RECLAIM_HOWS", "LIMIT_KEYS_SHOWN"]

@@ -37,7 +37,7 @@ ANNOUNCE_GAP = 0.020
 MAY_MAKE_AVAILABLE = frozenset({
     "run_submit", "job_enqueue", "jobs_enqueue", "step_complete", "step_fail", "step_snooze",
     "leases_sweep", "leases_release", "attempts_timeout", "timers_fire", "waits_expire", "children_start",
-    "children_settle", "child_runs_settle", "run_resume", "run_retry", "run_signal"})
+    "children_settle", "child_runs_settle", "run_resume", "run_retry", "run_signal", "limit_set", "limit_delete"})
 # The queries that write the jobs of Enqueue and EnqueueMany: the new work a stream of
 # calls brings, which the dispatcher paces its claims for (announce(jobs_only=True)).
 JOBS_WRITTEN = frozenset({"job_enqueue", "jobs_enqueue"})

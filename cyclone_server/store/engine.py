@@ -1,12 +1,13 @@
 """The engine: Cyclone's state machine as Python calls, one transaction per transition.
 
 `Engine` is the store's one face to the rest of the server, made of one part per concern:
-runs (runs.py), steps and leases (steps.py), reads (reads.py), schedules (schedules.py)
-and the workers registry (workers.py), over the pool and named statements of core.py.
+runs (runs.py), steps and leases (steps.py), reads (reads.py), schedules (schedules.py),
+the workers registry (workers.py) and limits (limits.py), over the pool and named statements of core.py.
 """
 
 from __future__ import annotations
 
+from .limits import LimitStore
 from .reads import ReadStore
 from .runs import RunStore
 from .schedules import ScheduleStore
@@ -14,7 +15,7 @@ from .steps import StepStore
 from .workers import WorkerStore
 
 
-class Engine(RunStore, StepStore, ReadStore, ScheduleStore, WorkerStore):
+class Engine(RunStore, StepStore, ReadStore, ScheduleStore, WorkerStore, LimitStore):
     """Every transition of the lifecycle (docs/lifecycle.md), over a connection pool.
 
     Example::

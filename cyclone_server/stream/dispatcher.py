@@ -74,8 +74,18 @@ class Dispatcher:
         self._locked_passes = 0  # passes in a row that found a step due now but locked (MAX_LOCKED_WAIT)
         self._deferred: set[asyncio.Task[None]] = set()  # deliveries waiting out a worker's quiet
         self._last_claim: dict[str, float] = {}  # kind -> time.monotonic() its last claim began (_pace)
+        # Kinds whose claims came up short with nothing due (next_due None): empty, or every
+        # step held by a limit at its cap. A pass claims for them again only after new work
+        # (`new_work`: an announcement of this engine, a NOTIFY of another server or of a
+        # freed limit slot) or the IDLE_POLL safety net, not on every freed worker slot.
+        self._held: set[str] = set()
 
     def wake(self) -> None:
+        self._event.set()
+
+    def new_work(self) -> None:
+        """Steps may have become claimable (what and where is unknown): held kinds are looked at again."""
+        self._held.clear()
         self._event.set()
 
     def unpace(self) -> None:
@@ -116,7 +126,7 @@ class Dispatcher:
                 async with asyncio.timeout(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL)):
                     await self._event.wait()
             except TimeoutError:
-                pass
+                self._held.clear()  # the safety net: a wake-up lost with a LISTEN connection
             if self._stopping:
                 await self._deliveries()
                 return
@@ -183,6 +193,9 @@ class Dispatcher:
                 want = conn.free_slots
                 if want <= 0:
                     continue
+                if kinds and all(k in self._held for k in kinds):  # nothing new for them since
+                    continue
+                kinds = [k for k in kinds if k not in self._held]
                 if not kinds:  # a claim of this pass found every one of them empty
                     conn.claimed(began + max(emptied.get(k, self.claim_pace) for k in conn.kinds))
                     continue
@@ -207,6 +220,8 @@ class Dispatcher:
         waits = [max(min(paced) - time.monotonic(), MIN_PACE_WAIT)] if paced else []
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         due = await self.engine.next_due(waiting) if waiting else None
+        if waiting and due is None:  # nothing due for them until new work comes
+            self._held.update(waiting)
         if due is not None and due <= 0.0:  # claimable now, yet the claims came up short: locked
             due = min(MIN_DUE_WAIT * 2 ** min(self._locked_passes, 16), MAX_LOCKED_WAIT)
             self._locked_passes += 1

@@ -112,7 +112,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         """Another server (or a transaction outside a server) made steps claimable: what,
         this one cannot tell, so it claims for them without waiting out a pace."""
         self.dispatcher.unpace()
-        self.dispatcher.wake()
+        self.dispatcher.new_work()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         workers_pb2_grpc.add_WorkersServicer_to_server(self, server)

@@ -24,23 +24,24 @@ from cyclone_server import auth
 from cyclone_server.serve import settings
 from cyclone_proto import (admin_pb2, admin_pb2_grpc, runs_pb2, runs_pb2_grpc, workers_pb2,
                                    workers_pb2_grpc, workflows_pb2, workflows_pb2_grpc)
-from cyclone_proto import schedules_pb2, schedules_pb2_grpc
+from cyclone_proto import limits_pb2, limits_pb2_grpc, schedules_pb2, schedules_pb2_grpc
 
 TOKENS = {"worker": "worker-token-0123456789", "submit": "submit-token-0123456789",
           "admin": "admin-token-01234567890", "both": "worker-and-submit-012345"}
 TOKENS_TEXT = "\n".join([f"{TOKENS['worker']} worker", f"{TOKENS['submit']} submit", f"{TOKENS['admin']} admin",
                          f"{TOKENS['both']} worker,submit"])
 SERVICES = ((runs_pb2, runs_pb2_grpc, "Runs"), (workflows_pb2, workflows_pb2_grpc, "Workflows"),
-            (admin_pb2, admin_pb2_grpc, "Admin"), (schedules_pb2, schedules_pb2_grpc, "Schedules"))
+            (admin_pb2, admin_pb2_grpc, "Admin"), (schedules_pb2, schedules_pb2_grpc, "Schedules"),
+            (limits_pb2, limits_pb2_grpc, "Limits"))
 
 # Written out here rather than read from auth.METHOD_ROLES, so the test states the policy.
 SUBMIT_RPCS = ["Runs/SubmitRun", "Runs/Enqueue", "Runs/EnqueueMany", "Runs/GetRun", "Runs/ListRuns", "Runs/WaitRun",
                "Runs/Signal", "Workflows/RegisterWorkflow", "Workflows/GetWorkflow", "Workflows/ListWorkflows",
                "Schedules/CreateSchedule", "Schedules/GetSchedule", "Schedules/ListSchedules",
-               "Schedules/UpdateSchedule", "Schedules/TriggerSchedule"]
+               "Schedules/UpdateSchedule", "Schedules/TriggerSchedule", "Limits/GetLimit", "Limits/ListLimits"]
 ADMIN_RPCS = ["Runs/CancelRun", "Runs/PauseRun", "Runs/ResumeRun", "Runs/RetryStep", "Runs/RetryAll",
               "Runs/PurgeTerminalRuns", "Admin/GetStats", "Admin/ListWorkers", "Schedules/PauseSchedule",
-              "Schedules/ResumeSchedule", "Schedules/DeleteSchedule"]
+              "Schedules/ResumeSchedule", "Schedules/DeleteSchedule", "Limits/SetLimit", "Limits/DeleteLimit"]
 
 
 def _fixed_servicer(pb2: Any, grpc_module: Any, service: str) -> Any:
@@ -97,7 +98,8 @@ def _server_args(*argv: str) -> Any:
 
 def _request_class(method: str) -> Any:
     service, name = method.split("/")
-    pb2 = {"Runs": runs_pb2, "Workflows": workflows_pb2, "Admin": admin_pb2, "Schedules": schedules_pb2}[service]
+    pb2 = {"Runs": runs_pb2, "Workflows": workflows_pb2, "Admin": admin_pb2, "Schedules": schedules_pb2,
+           "Limits": limits_pb2}[service]
     return message_factory.GetMessageClass(pb2.DESCRIPTOR.services_by_name[service].methods_by_name[name].input_type)
 
 

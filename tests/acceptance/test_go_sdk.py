@@ -37,10 +37,10 @@ def test_the_generated_code_is_what_the_protos_generate() -> None:
     """sdks/go/scripts/gen.sh --check regenerates cyclonepb/ from proto/ and fails on any change."""
     done = run([str(SDK / "scripts" / "gen.sh"), "--check"])
     assert done.returncode == 0, f"{done.stdout}{done.stderr}\n(if a tool is missing: {SETUP})"
-    assert "is up to date (6 protos)" in done.stderr
+    assert "is up to date (7 protos)" in done.stderr
     assert sorted(p.name for p in (SDK / "cyclonepb").glob("*.go")) == sorted(
-        [f"{name}.pb.go" for name in ("admin", "runs", "schedules", "types", "workers", "workflows")]
-        + [f"{name}_grpc.pb.go" for name in ("admin", "runs", "schedules", "workers", "workflows")])
+        [f"{name}.pb.go" for name in ("admin", "limits", "runs", "schedules", "types", "workers", "workflows")]
+        + [f"{name}_grpc.pb.go" for name in ("admin", "limits", "runs", "schedules", "workers", "workflows")])
 
 
 def test_the_sources_are_gofmt_clean() -> None:

@@ -95,10 +95,17 @@ async def test_a_signal_that_completes_a_child_run_settles_its_parent_node(engin
     assert (await run_row(conn, top))["state"] == "completed"
 
 
+def wired(engine: Engine, conns: list[WorkerConn], **kw) -> Dispatcher:
+    """A Dispatcher for `conns`, told of new work by `engine` as the server's is (serve/app.py)."""
+    dispatcher = Dispatcher(engine, lambda: conns, lease_ttl=30, **kw)
+    engine.available_listeners.append(dispatcher.new_work)
+    return dispatcher
+
+
 async def test_the_dispatcher_sleeps_until_the_next_due_step_and_not_at_all_when_none_is(engine: Engine) -> None:
     conn = WorkerConn(worker_id="w1", kinds=["later", "other"], slots=4)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=0)  # passes back to back
+    dispatcher = wired(engine, [conn], stats=stats, claim_pace=0)  # passes back to back
     assert await dispatcher._pass() is None  # nothing available, nothing due: no timer at all
     await engine.enqueue("later", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=5))
     await engine.enqueue("other", scheduled_at=datetime.now(timezone.utc) + timedelta(seconds=2))
@@ -165,7 +172,7 @@ async def test_a_worker_a_claim_got_fewer_rows_than_its_free_slots_for_waits_out
     idle = WorkerConn(worker_id="idle", kinds=["trickle"], slots=8)
     busy = WorkerConn(worker_id="busy", kinds=["backlog"], slots=2)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [idle, busy], lease_ttl=30, stats=stats, claim_pace=60)
+    dispatcher = wired(engine, [idle, busy], stats=stats, claim_pace=60)
     await engine.enqueue_many([Job("backlog", input=i) for i in range(6)])
     await engine.enqueue("trickle", input=0)
     assert await dispatcher._pass() is None  # nothing due, and no worker was passed over
@@ -192,8 +199,7 @@ async def test_a_worker_whose_short_claim_found_a_stream_of_new_jobs_is_paced_lo
     claim pace as usual."""
     w1 = WorkerConn(worker_id="w1", kinds=["trickle"], slots=200)  # every claim here comes up short
     w2 = WorkerConn(worker_id="w2", kinds=["trickle"], slots=200)
-    dispatcher = Dispatcher(engine, lambda: [w1, w2], lease_ttl=30, stats={"claims": collections.Counter()},
-                            claim_pace=60)
+    dispatcher = wired(engine, [w1, w2], stats={"claims": collections.Counter()}, claim_pace=60)
     stream_pace = 60 * dispatch.STREAM_PACE
 
     def paces() -> list[float]:
@@ -230,7 +236,7 @@ async def test_a_worker_passed_over_for_its_pace_is_owed_a_pass_at_its_end_even_
     pace's end, finding the worker unpaced, owes nothing more."""
     conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    dispatcher = wired(engine, [conn], stats=stats, claim_pace=60)
     await engine.enqueue("trickle", input=0)
     assert await dispatcher._pass() is None and len(conn.held) == 1
     assert conn.paced_until > time.monotonic() + 50  # 1 of 4
@@ -253,7 +259,7 @@ async def test_a_lone_enqueue_that_found_the_workers_slots_held_by_a_claim_is_cl
     nothing and must not pace the worker, or the job would wait out the pace."""
     conn = WorkerConn(worker_id="w1", kinds=["trickle"], slots=4)
     stats = {"claims": collections.Counter()}
-    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats=stats, claim_pace=60)
+    dispatcher = wired(engine, [conn], stats=stats, claim_pace=60)
     conn.reserved = 4  # a pass's claim for the worker is in progress
     assert await dispatcher.enqueue([engine.prepare_job(Job("trickle", input=1))]) is None  # not written here
     assert conn.prompt
@@ -321,7 +327,7 @@ async def running_dispatcher(engine: Engine, conn: WorkerConn, *, claim_pace: fl
     dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats={"claims": collections.Counter()},
                             claim_pace=claim_pace)
     engine.prompt_listeners.append(dispatcher.unpace)
-    engine.available_listeners.append(dispatcher.wake)
+    engine.available_listeners.append(dispatcher.new_work)
     task_ = asyncio.create_task(dispatcher.run())
     try:
         yield dispatcher

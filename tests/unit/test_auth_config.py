@@ -11,7 +11,7 @@ import pytest
 
 from cyclone_server import auth
 from cyclone_server.serve import settings
-from cyclone_proto import admin_pb2, runs_pb2, schedules_pb2, workers_pb2, workflows_pb2
+from cyclone_proto import admin_pb2, limits_pb2, runs_pb2, schedules_pb2, workers_pb2, workflows_pb2
 
 W = "w" * 20  # tokens of 20 characters
 S = "s" * 20
@@ -158,7 +158,7 @@ def test_check_while_serving_a_call_let_through_by_its_certificate() -> None:
 def _all_methods() -> list[str]:
     methods = []
     for module, service in ((runs_pb2, "Runs"), (workers_pb2, "Workers"), (workflows_pb2, "Workflows"),
-                            (admin_pb2, "Admin"), (schedules_pb2, "Schedules")):
+                            (admin_pb2, "Admin"), (schedules_pb2, "Schedules"), (limits_pb2, "Limits")):
         for m in module.DESCRIPTOR.services_by_name[service].methods:
             methods.append(f"/cyclone.v1.{service}/{m.name}")
     return methods

@@ -41,11 +41,12 @@ SERVICES = {
     "Admin": {"GetStats", "ListWorkers"},
     "Schedules": {"CreateSchedule", "GetSchedule", "ListSchedules", "UpdateSchedule", "PauseSchedule",
                   "ResumeSchedule", "DeleteSchedule", "TriggerSchedule"},
+    "Limits": {"SetLimit", "GetLimit", "ListLimits", "DeleteLimit"},
 }
 
 
 def test_every_proto_file_is_checked() -> None:
-    assert {"types", "workflows", "runs", "workers", "admin", "schedules"} <= set(PROTO_NAMES)
+    assert {"types", "workflows", "runs", "workers", "admin", "schedules", "limits"} <= set(PROTO_NAMES)
 
 
 def test_generated_code_is_fresh() -> None:

@@ -127,9 +127,11 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: runs_steps
 -- The steps of some runs (a page of ListRuns, or one run), each run's in definition order.
+-- held_by: why a limit holds an available step (cyclone__step_held).
 SELECT s.*,
        ARRAY(SELECT p.node FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
-              WHERE d.step_id = s.id ORDER BY p.node) AS deps
+              WHERE d.step_id = s.id ORDER BY p.node) AS deps,
+       CASE WHEN s.state = 'available' AND s.limit_keys IS NOT NULL THEN cyclone__step_held(s) END AS held_by
   FROM cyclone_steps s WHERE s.run_id = ANY (%(run_ids)s) ORDER BY s.run_id, s.position, s.id;
 
 -- name: runs_states
@@ -261,3 +263,17 @@ SELECT outcome, run_id, fire_at FROM cyclone_schedule_trigger(%(name)s, %(policy
 
 -- name: schedules_release
 SELECT name, fire_at, run_id FROM cyclone_schedules_release(%(limit)s);
+
+-- name: limit_set
+SELECT cyclone_limit_set(%(limit)s::jsonb) AS created;
+
+-- name: limit_delete
+SELECT cyclone_limit_delete(%(name)s) AS deleted;
+
+-- name: limits_list
+SELECT name, max_running, rate, extract(epoch FROM period)::float8 AS period, strategy, scope, kinds,
+       workflows, key_path, key_const, weights, created_at, updated_at
+  FROM cyclone_limits WHERE %(name)s::text IS NULL OR name = %(name)s ORDER BY name;
+
+-- name: limit_keys_stats
+SELECT * FROM cyclone_limit_keys_stats(%(name)s, %(top)s);

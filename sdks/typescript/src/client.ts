@@ -137,7 +137,7 @@ function jobRequest(job: Job, where = ''): EnqueueRequest {
     maxAttempts: job.maxAttempts, maxReclaims: job.maxReclaims,
     backoffInitial: ms(job.backoffInitialMs, at('backoffInitialMs')), backoffMax: ms(job.backoffMaxMs, at('backoffMaxMs')),
     attemptTimeout: ms(job.attemptTimeoutMs, at('attemptTimeoutMs')), retention: ms(job.retentionMs, at('retentionMs')),
-    scheduledAt,
+    scheduledAt, limits: [],
   };
 }
 

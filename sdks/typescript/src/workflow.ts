@@ -138,7 +138,7 @@ export class Workflow {
       id, kind: '', deps, type, maxAttempts: undefined, backoffInitial: undefined, backoffMax: undefined,
       priority: undefined, maxReclaims: undefined, attemptTimeout: undefined, onDepFailure,
       retention: duration(options.retentionMs, `node "${id}": retentionMs`), maxWait: undefined, sleep: undefined,
-      signal: '', workflow: '', ...fields,
+      signal: '', workflow: '', limits: [], ...fields,
     });
     return this;
   }

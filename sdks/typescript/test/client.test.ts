@@ -39,6 +39,7 @@ function stepMsg(node: string, state: StepState, fields: Record<string, unknown>
     reclaims: 0, maxReclaims: 5, snoozes: 0, priority: 0, scheduledAt: undefined, leaseOwner: '', leaseExpiry: undefined,
     leaseGeneration: 1, output: undefined, errorKind: '', reason: '', errors: [], deps: [], childRunId: '',
     cancelCause: '', createdAt: undefined, startedAt: undefined, finishedAt: undefined, attemptDeadline: undefined,
+    heldBy: '', limits: [],
     ...fields,
   };
 }

@@ -166,7 +166,7 @@ describe('Workflow', () => {
     const [a, b, c, d, e] = req.nodes.map(plain);
     assert.deepEqual(a, { id: 'a', kind: '', deps: [], type: NodeType.NODE_TYPE_TASK, maxAttempts: 3,
       attemptTimeout: { seconds: 1, nanos: 500_000_000 }, onDepFailure: OnDepFailure.ON_DEP_FAILURE_UNSPECIFIED,
-      retention: { seconds: 86400, nanos: 0 }, signal: '', workflow: '' });
+      retention: { seconds: 86400, nanos: 0 }, signal: '', workflow: '', limits: [] });
     assert.deepEqual([b.kind, b.deps, b.onDepFailure, b.priority, b.maxReclaims],
       ['shared', ['a'], OnDepFailure.ON_DEP_FAILURE_CANCEL_BRANCH, -1, 0]);
     assert.deepEqual([c.type, c.workflow, c.maxWait], [NodeType.NODE_TYPE_CHILD, 'sub', { seconds: 0, nanos: 10_000_000 }]);

@@ -103,14 +103,20 @@ CREATE OR REPLACE FUNCTION cyclone__run_end(p_run_id uuid, p_state text) RETURNS
 LANGUAGE plpgsql AS $$
 DECLARE
     parent uuid;
+    limited boolean;
 BEGIN
+    -- A run that held the slot of a limit of runs gives it back (a retried run takes it again
+    -- with its next claim), and every server's dispatcher hears of it.
     UPDATE cyclone_runs
        SET state = p_state, finished_at = now(), updated_at = now(),
-           paused_at = NULL, deadline_left = NULL,
+           paused_at = NULL, deadline_left = NULL, limit_admitted = false,
            result = CASE WHEN p_state = 'completed' THEN cyclone__run_result(id) END
      WHERE id = p_run_id
-    RETURNING parent_run_id INTO parent;
+    RETURNING parent_run_id, limit_keys IS NOT NULL INTO parent, limited;
     PERFORM pg_notify('cyclone_run_ended', CASE WHEN parent IS NULL THEN 'top' ELSE '' END);
+    IF limited THEN
+        PERFORM pg_notify('cyclone_available', '');
+    END IF;
 END $$;
 
 -- The run completes when nothing non-terminal remains (in a paused run too: a pause never
@@ -297,6 +303,7 @@ CREATE OR REPLACE FUNCTION cyclone__step_enter(p_run_id uuid, p_step_id uuid) RE
 LANGUAGE plpgsql AS $$
 DECLARE
     t text;
+    limited boolean;
 BEGIN
     UPDATE cyclone_steps
        SET state = cyclone__entry_state(type),
@@ -306,8 +313,11 @@ BEGIN
            max_wait_at = CASE WHEN type <> 'task' THEN now() + max_wait END,
            timer_left = NULL, max_wait_left = NULL
      WHERE id = p_step_id AND state = 'pending'
-    RETURNING type INTO t;
+    RETURNING type, limit_keys IS NOT NULL INTO t, limited;
     IF t = 'task' THEN
+        IF limited THEN
+            PERFORM cyclone__limits_arrive(p_run_id, ARRAY[p_step_id]);
+        END IF;
         PERFORM cyclone__notify_available();
     ELSIF t = 'signal' THEN
         PERFORM cyclone__signals_deliver(p_run_id);
@@ -421,15 +431,25 @@ DECLARE
     sid uuid;
     any_available boolean;
     any_child boolean;
+    limited boolean := EXISTS (SELECT 1 FROM cyclone_limits)
+                       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_nodes) n
+                                   WHERE jsonb_typeof(n -> 'limits') = 'array');
+    run_tokens text[];
+    arrived uuid[];
 BEGIN
+    -- The limits the run and its steps consume, under their keys (docs/flow-control.md).
+    IF limited THEN
+        run_tokens := cyclone__run_tokens(p_workflow, COALESCE(p_input, 'null'::jsonb));
+    END IF;
     INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
                               idempotency_key, request_hash, deadline_at, parent_run_id,
-                              parent_step_id, depth, trace_context, retention)
+                              parent_step_id, depth, trace_context, retention, limit_keys)
     VALUES (cyclone_uuid7(), p_workflow, p_version, 'running', COALESCE(p_input, 'null'::jsonb),
             p_priority, p_idempotency_key, p_request_hash, p_deadline, p_parent_run_id,
             p_parent_step_id, p_depth, p_trace_context,
             (SELECT max(make_interval(secs => (n ->> 'retention')::float8))
-               FROM jsonb_array_elements(p_nodes) n WHERE n ->> 'retention' IS NOT NULL))
+               FROM jsonb_array_elements(p_nodes) n WHERE n ->> 'retention' IS NOT NULL),
+            run_tokens)
     RETURNING * INTO r;
 
     -- What the new steps entered is taken from the insert itself: a query on the run's
@@ -438,7 +458,7 @@ BEGIN
     INSERT INTO cyclone_steps (
         id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
         attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
-        signal_name, child_workflow, max_wait, wait_started_at, timer_at, max_wait_at)
+        signal_name, child_workflow, max_wait, wait_started_at, timer_at, max_wait_at, limit_keys)
     SELECT cyclone_uuid7(), r.id, n ->> 'id', ord - 1, n ->> 'kind', n ->> 'type',
            CASE WHEN ready THEN cyclone__entry_state(n ->> 'type') ELSE 'pending' END,
            COALESCE((n ->> 'priority')::integer, p_priority),
@@ -456,13 +476,15 @@ BEGIN
            make_interval(secs => (n ->> 'max_wait')::float8),
            CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() END,
            CASE WHEN ready AND n ->> 'type' = 'sleep' THEN now() + make_interval(secs => (n ->> 'sleep')::float8) END,
-           CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() + make_interval(secs => (n ->> 'max_wait')::float8) END
+           CASE WHEN ready AND n ->> 'type' <> 'task' THEN now() + make_interval(secs => (n ->> 'max_wait')::float8) END,
+           CASE WHEN limited THEN cyclone__step_tokens(n, COALESCE(p_input, 'null'::jsonb), run_tokens) END
       FROM jsonb_array_elements(p_nodes) WITH ORDINALITY AS t (n, ord)
      CROSS JOIN LATERAL (SELECT jsonb_array_length(n -> 'deps') = 0 AS ready) x
      ORDER BY ord
-    RETURNING state)
-    SELECT COALESCE(bool_or(state = 'available'), false), COALESCE(bool_or(state = 'waiting_child'), false)
-      INTO any_available, any_child
+    RETURNING id, state, limit_keys)
+    SELECT COALESCE(bool_or(state = 'available'), false), COALESCE(bool_or(state = 'waiting_child'), false),
+           array_agg(id ORDER BY id) FILTER (WHERE state = 'available' AND limit_keys IS NOT NULL)
+      INTO any_available, any_child, arrived
       FROM inserted;
 
     INSERT INTO cyclone_step_deps (run_id, step_id, dep_id)
@@ -472,10 +494,13 @@ BEGIN
       JOIN cyclone_steps s ON s.run_id = r.id AND s.node = n ->> 'id'
       JOIN cyclone_steps d ON d.run_id = r.id AND d.node = dep.node;
 
+    IF limited THEN  -- the limits' strategies (it may cancel this very run)
+        PERFORM cyclone__limits_arrive(r.id, COALESCE(arrived, '{}'));
+    END IF;
     IF any_available THEN
         PERFORM cyclone__notify_available();
     END IF;
-    IF any_child THEN
+    IF any_child AND EXISTS (SELECT 1 FROM cyclone_runs WHERE id = r.id AND state = 'running') THEN
         FOR sid IN SELECT id FROM cyclone_steps WHERE run_id = r.id AND state = 'waiting_child' ORDER BY id LOOP
             PERFORM cyclone__child_attach(r.id, sid);
         END LOOP;

@@ -119,7 +119,9 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone__jobs_create(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid)
 LANGUAGE sql AS $$
-    WITH j AS MATERIALIZED (
+    WITH lim AS MATERIALIZED (
+        SELECT EXISTS (SELECT 1 FROM cyclone_limits) AS any
+    ), j AS MATERIALIZED (
         SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, cyclone_uuid7() AS rid, cyclone_uuid7() AS sid
           FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
          ORDER BY t.ord),
@@ -136,7 +138,7 @@ LANGUAGE sql AS $$
         INSERT INTO cyclone_steps (
             id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
             attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
-            signal_name, child_workflow, max_wait)
+            signal_name, child_workflow, max_wait, limit_keys)
         SELECT j.sid, j.rid, j.n ->> 'id', 0, j.n ->> 'kind', 'task', 'available',
                COALESCE((j.n ->> 'priority')::integer, (j.e ->> 'priority')::integer, 0),
                COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()),
@@ -150,8 +152,10 @@ LANGUAGE sql AS $$
                make_interval(secs => (j.n ->> 'sleep')::float8),
                j.n ->> 'signal',
                j.n ->> 'workflow',
-               make_interval(secs => (j.n ->> 'max_wait')::float8)
-          FROM j ORDER BY j.i)
+               make_interval(secs => (j.n ->> 'max_wait')::float8),
+               CASE WHEN lim.any OR jsonb_typeof(j.n -> 'limits') = 'array'
+                    THEN cyclone__step_tokens(j.n, COALESCE(j.e -> 'input', 'null'::jsonb), NULL) END
+          FROM j CROSS JOIN lim ORDER BY j.i)
     SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i
 $$;
 
@@ -190,6 +194,11 @@ BEGIN
             idxs := NULL;  -- rolled back: the loop below finds the job and names it
         END;
         IF idxs IS NOT NULL THEN
+            -- The limits' strategies, job by job in array order (they may cancel these jobs).
+            IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
+                PERFORM cyclone__limits_arrive(u.r, ARRAY[u.s], step_ids[u.n + 1:])
+                   FROM unnest(idxs, run_ids, step_ids) WITH ORDINALITY AS u (i, r, s, n) ORDER BY u.n;
+            END IF;
             PERFORM cyclone__notify_available();
             RETURN QUERY SELECT u.i, u.r, u.s, true FROM unnest(idxs, run_ids, step_ids) AS u (i, r, s);
             RETURN;

@@ -25,7 +25,7 @@
 -- without looking at p_limit: so it must not depend on how many steps are claimed or on
 -- the statistics of the moment (one made while the tables were small). Every step is
 -- therefore reached by index, whatever the planner guesses: picked through
--- cyclone_steps_claim, updated by primary key (= ANY of the picked ids; `(SELECT
+-- cyclone_steps_claim_free (migration 0010; cyclone__limits_pick for steps with limits), updated by primary key (= ANY of the picked ids; `(SELECT
 -- 'available'::text)` so that no partial index of available steps qualifies, see "Plans"
 -- above), and its run and parents looked up by id each (OFFSET 0: joined, they could be
 -- hashed from a scan of the whole table).
@@ -46,27 +46,51 @@ SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 SET jit = off
 AS $$
+DECLARE
+    ids uuid[];
+    limited uuid[];
 BEGIN
-    RETURN QUERY
-    WITH picked AS (
-        -- Per kind, so each kind's scan walks cyclone_steps_claim in order; the outer ORDER
-        -- BY merges them. Rows locked here and not claimed are released at commit.
-        SELECT c.id, c.priority, c.scheduled_at
+    -- Per kind, so each kind's scan walks the index in order; the outer ORDER BY merges
+    -- them. Rows locked here and not claimed are released at commit.
+    ids := ARRAY(
+        SELECT c.id
           FROM unnest(p_kinds) AS k (kind)
          CROSS JOIN LATERAL (
             SELECT s.id, s.priority, s.scheduled_at FROM cyclone_steps s
-             WHERE s.state = 'available' AND s.kind = k.kind AND s.scheduled_at <= now()
+             WHERE s.state = 'available' AND s.limit_keys IS NULL AND s.kind = k.kind
+               AND s.scheduled_at <= now()
              ORDER BY s.priority, s.scheduled_at, s.id
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) c
          ORDER BY c.priority, c.scheduled_at, c.id
-         LIMIT p_limit
-    ), claimed AS (
+         LIMIT p_limit);
+    -- Steps with limits (docs/flow-control.md) have indexes of their own: when these kinds
+    -- have some available (one index probe per kind and index: LIMIT 1 in a lateral
+    -- subquery, which the planner cannot turn into a hashed scan of a whole index), the
+    -- ones a claim may take (their keys locked until commit) join the others, in order of
+    -- priority, then of the time they became claimable.
+    IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k (kind)
+                CROSS JOIN LATERAL (
+                      (SELECT 1 FROM cyclone_steps s
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                          AND s.fair_at IS NOT NULL AND s.kind = k.kind LIMIT 1)
+                      UNION ALL
+                      (SELECT 1 FROM cyclone_steps s
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                          AND s.fair_at IS NULL AND s.kind = k.kind AND s.scheduled_at <= now() LIMIT 1)) x) THEN
+        SELECT COALESCE(array_agg(p.id), '{}') INTO limited FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
+        ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || limited)
+                      ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
+        PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)));
+    END IF;
+
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE cyclone_steps s
            SET state = 'running', lease_expiry = now() + p_lease_ttl, lease_owner = p_owner,
                lease_generation = s.lease_generation + 1, started_at = now(),
                attempt_deadline = now() + s.attempt_timeout
-         WHERE s.id = ANY (ARRAY(SELECT picked.id FROM picked)) AND s.state = (SELECT 'available'::text)
+         WHERE s.id = ANY (ids) AND s.state = (SELECT 'available'::text)
         RETURNING s.*
     )
     SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
@@ -131,7 +155,7 @@ END $$;
 -- kinds and lets go, unannounced, of those beyond its limit in all; an Enqueue's claim;
 -- a run action), or it became due after the claim began. The dispatcher then looks again
 -- soon (MIN_DUE_WAIT, doubling while the lock lasts), not at the next wake-up.
--- From cyclone_steps_claim (kind, priority, scheduled_at): per kind, a loose scan over its
+-- From cyclone_steps_claim_free (kind, priority, scheduled_at): per kind, a loose scan over its
 -- priorities, then one index probe per priority. In a function for its plan, kept as the
 -- claim's is: as a statement of its own it was planned again on every pass (its custom
 -- plan always looks cheaper), which cost five times what running it does.
@@ -149,16 +173,31 @@ BEGIN
      CROSS JOIN LATERAL (
            WITH RECURSIVE p (priority) AS (
                (SELECT s.priority FROM cyclone_steps s
-                 WHERE s.kind = k.kind AND s.state = 'available' ORDER BY s.priority LIMIT 1)
+                 WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                 ORDER BY s.priority LIMIT 1)
                UNION ALL
                SELECT (SELECT s.priority FROM cyclone_steps s
-                        WHERE s.kind = k.kind AND s.state = 'available' AND s.priority > p.priority
+                        WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                          AND s.priority > p.priority
                         ORDER BY s.priority LIMIT 1)
                  FROM p WHERE p.priority IS NOT NULL)
            SELECT (SELECT s.scheduled_at FROM cyclone_steps s
-                    WHERE s.kind = k.kind AND s.state = 'available' AND s.priority = p.priority
+                    WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                      AND s.priority = p.priority
                     ORDER BY s.scheduled_at LIMIT 1) AS at
              FROM p WHERE p.priority IS NOT NULL) n;
+    -- Steps with limits: when a limit lets one be claimed (cyclone__limits_next_due).
+    IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k (kind)
+                CROSS JOIN LATERAL (
+                      (SELECT 1 FROM cyclone_steps s
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                          AND s.fair_at IS NOT NULL AND s.kind = k.kind LIMIT 1)
+                      UNION ALL
+                      (SELECT 1 FROM cyclone_steps s
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                          AND s.fair_at IS NULL AND s.kind = k.kind LIMIT 1)) x) THEN
+        seconds := least(seconds, cyclone__limits_next_due(p_kinds));
+    END IF;
     RETURN seconds;
 END $$;
 

@@ -21,6 +21,7 @@ import {
 import { Duration } from "../../google/protobuf/duration.js";
 import { Value } from "../../google/protobuf/struct.js";
 import { Timestamp } from "../../google/protobuf/timestamp.js";
+import { LimitUse } from "./limits.js";
 import { Run, RunState } from "./types.js";
 
 export const protobufPackage = "cyclone.v1";
@@ -129,7 +130,11 @@ export interface EnqueueRequest {
    * Optional: the step is not claimable before this time. Unset or in the past:
    * claimable at once.
    */
-  scheduledAt: Date | undefined;
+  scheduledAt:
+    | Date
+    | undefined;
+  /** Optional: the limits the job consumes (see Node.limits). */
+  limits: LimitUse[];
 }
 
 /** Output of Runs.Enqueue. */
@@ -560,6 +565,7 @@ function createBaseEnqueueRequest(): EnqueueRequest {
     attemptTimeout: undefined,
     retention: undefined,
     scheduledAt: undefined,
+    limits: [],
   };
 }
 
@@ -603,6 +609,9 @@ export const EnqueueRequest: MessageFns<EnqueueRequest> = {
     }
     if (message.scheduledAt !== undefined) {
       Timestamp.encode(toTimestamp(message.scheduledAt), writer.uint32(106).fork()).join();
+    }
+    for (const v of message.limits) {
+      LimitUse.encode(v!, writer.uint32(114).fork()).join();
     }
     return writer;
   },
@@ -724,6 +733,14 @@ export const EnqueueRequest: MessageFns<EnqueueRequest> = {
             message.scheduledAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 14: {
+            if (tag !== 114) {
+              break;
+            }
+
+            message.limits.push(LimitUse.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -764,6 +781,7 @@ export const EnqueueRequest: MessageFns<EnqueueRequest> = {
       ? Duration.fromPartial(object.retention)
       : undefined;
     message.scheduledAt = object.scheduledAt ?? undefined;
+    message.limits = object.limits?.map((e) => LimitUse.fromPartial(e)) || [];
     return message;
   },
 };

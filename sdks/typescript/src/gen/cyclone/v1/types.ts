@@ -9,6 +9,7 @@ import { BinaryReader, BinaryWriter } from "@bufbuild/protobuf/wire";
 import { Duration } from "../../google/protobuf/duration.js";
 import { Value } from "../../google/protobuf/struct.js";
 import { Timestamp } from "../../google/protobuf/timestamp.js";
+import { LimitUse } from "./limits.js";
 
 export const protobufPackage = "cyclone.v1";
 
@@ -297,6 +298,11 @@ export interface Node {
    * node, set on another type, or naming no registered workflow.
    */
   workflow: string;
+  /**
+   * Task nodes only: the limits (limits.proto) this node's steps consume, each under
+   * its key; at most 8, each limit once. Unknown limits are INVALID_ARGUMENT at submit.
+   */
+  limits: LimitUse[];
 }
 
 /** A stored workflow definition: one version of a named DAG of nodes. */
@@ -422,14 +428,23 @@ export interface Step {
   /**
    * Set when cancelled: "operator" (CancelRun), "fail_fast" (another step's discard
    * failed the run), "branch" (CANCEL_BRANCH containment), "deadline" (the run
-   * deadline passed) or "parent" (a step of a child run whose parent node or parent run
-   * closed: cancelled, failed, discarded). Empty otherwise.
+   * deadline passed), "parent" (a step of a child run whose parent node or parent run
+   * closed: cancelled, failed, discarded) or "limit" (a limit's strategy; reason names
+   * the limit and the key). Empty otherwise.
    */
   cancelCause: string;
   /** When the step was inserted (with its run). */
   createdAt:
     | Date
     | undefined;
+  /**
+   * An available step that a limit holds back: which limit and key, and why, e.g.
+   * "limit tenants key acme: 5/5 running" or "limit api key global: 100/100 starts per
+   * 1 s, the next in 0.4 s" (an empty key is written ""). Empty otherwise.
+   */
+  heldBy: string;
+  /** The limits the step consumes, as "<limit>=<key>", in the order they apply. */
+  limits: string[];
   /** When the latest execution started (the latest claim). Unset if never claimed. */
   startedAt:
     | Date
@@ -536,6 +551,7 @@ function createBaseNode(): Node {
     sleep: undefined,
     signal: "",
     workflow: "",
+    limits: [],
   };
 }
 
@@ -588,6 +604,9 @@ export const Node: MessageFns<Node> = {
     }
     if (message.workflow !== "") {
       writer.uint32(130).string(message.workflow);
+    }
+    for (const v of message.limits) {
+      LimitUse.encode(v!, writer.uint32(138).fork()).join();
     }
     return writer;
   },
@@ -733,6 +752,14 @@ export const Node: MessageFns<Node> = {
             message.workflow = reader.string();
             continue;
           }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.limits.push(LimitUse.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -778,6 +805,7 @@ export const Node: MessageFns<Node> = {
       : undefined;
     message.signal = object.signal ?? "";
     message.workflow = object.workflow ?? "";
+    message.limits = object.limits?.map((e) => LimitUse.fromPartial(e)) || [];
     return message;
   },
 };
@@ -1014,6 +1042,8 @@ function createBaseStep(): Step {
     childRunId: "",
     cancelCause: "",
     createdAt: undefined,
+    heldBy: "",
+    limits: [],
     startedAt: undefined,
     finishedAt: undefined,
     attemptDeadline: undefined,
@@ -1093,6 +1123,12 @@ export const Step: MessageFns<Step> = {
     }
     if (message.createdAt !== undefined) {
       Timestamp.encode(toTimestamp(message.createdAt), writer.uint32(194).fork()).join();
+    }
+    if (message.heldBy !== "") {
+      writer.uint32(226).string(message.heldBy);
+    }
+    for (const v of message.limits) {
+      writer.uint32(234).string(v!);
     }
     if (message.startedAt !== undefined) {
       Timestamp.encode(toTimestamp(message.startedAt), writer.uint32(202).fork()).join();
@@ -1311,6 +1347,22 @@ export const Step: MessageFns<Step> = {
             message.createdAt = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 28: {
+            if (tag !== 226) {
+              break;
+            }
+
+            message.heldBy = reader.string();
+            continue;
+          }
+          case 29: {
+            if (tag !== 234) {
+              break;
+            }
+
+            message.limits.push(reader.string());
+            continue;
+          }
           case 25: {
             if (tag !== 202) {
               break;
@@ -1376,6 +1428,8 @@ export const Step: MessageFns<Step> = {
     message.childRunId = object.childRunId ?? "";
     message.cancelCause = object.cancelCause ?? "";
     message.createdAt = object.createdAt ?? undefined;
+    message.heldBy = object.heldBy ?? "";
+    message.limits = object.limits?.map((e) => e) || [];
     message.startedAt = object.startedAt ?? undefined;
     message.finishedAt = object.finishedAt ?? undefined;
     message.attemptDeadline = object.attemptDeadline ?? undefined;

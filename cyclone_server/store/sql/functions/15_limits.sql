@@ -1,0 +1,779 @@
+-- Flow control (docs/flow-control.md): which limits a step consumes and under which key,
+-- where it stands in its kind's fair order, what a limit's strategy does when a step
+-- arrives, and which limited steps a claim may take. The claim itself is
+-- cyclone_steps_claim (30_steps.sql); the tables are migration 0010's.
+--
+-- A token is "<limit name>\x1f<key>" (limit names never hold \x1f). Errors on bad input
+-- are CY400 (INVALID_ARGUMENT) naming the limit and the field.
+
+CREATE OR REPLACE FUNCTION cyclone__limit_token(p_limit text, p_key text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT p_limit || chr(31) || p_key $$;
+
+CREATE OR REPLACE FUNCTION cyclone__token_limit(p_token text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT split_part(p_token, chr(31), 1) $$;
+
+CREATE OR REPLACE FUNCTION cyclone__token_key(p_token text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$ SELECT substr(p_token, strpos(p_token, chr(31)) + 1) $$;
+
+-- The window a rate counts starts in: its period and 1% more (at most 50 ms). Starts are
+-- counted on the database's clock when they are claimed; a worker sees each a moment later
+-- (the commit, the push), and those moments vary by a few milliseconds: the margin keeps
+-- the starts within the quota in any window of the workers' clocks too.
+CREATE OR REPLACE FUNCTION cyclone__rate_window(p_period interval) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT p_period + least(p_period / 100, interval '50 milliseconds') $$;
+
+-- The key a run input gives: the scalar at p_path (a string as itself, a number or a
+-- boolean as its JSON text), or p_const when p_path is NULL. p_where names the declaration
+-- in errors.
+CREATE OR REPLACE FUNCTION cyclone__limit_key(p_input jsonb, p_path text[], p_const text, p_where text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb;
+    k text;
+BEGIN
+    IF p_path IS NULL THEN
+        RETURN COALESCE(p_const, '');
+    END IF;
+    v := p_input #> p_path;
+    IF v IS NULL OR jsonb_typeof(v) = 'null' THEN
+        RAISE EXCEPTION '%: key_path "input.%": the run input has no value there', p_where,
+            array_to_string(p_path, '.') USING ERRCODE = 'CY400';
+    ELSIF jsonb_typeof(v) NOT IN ('string', 'number', 'boolean') THEN
+        RAISE EXCEPTION '%: key_path "input.%": the value there is a JSON %, not a string, number or boolean',
+            p_where, array_to_string(p_path, '.'), jsonb_typeof(v) USING ERRCODE = 'CY400';
+    END IF;
+    k := p_input #>> p_path;
+    IF length(k) > 256 THEN
+        RAISE EXCEPTION '%: key_path "input.%": the key is % characters, more than 256', p_where,
+            array_to_string(p_path, '.'), length(k) USING ERRCODE = 'CY400';
+    END IF;
+    RETURN k;
+END $$;
+
+-- The tokens of the limits of scope 'runs' that name the workflow, for a run of it.
+CREATE OR REPLACE FUNCTION cyclone__run_tokens(p_workflow text, p_input jsonb) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    toks text[];
+BEGIN
+    IF p_workflow IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT array_agg(cyclone__limit_token(l.name, cyclone__limit_key(p_input, l.key_path, l.key_const,
+                                                                        format('limit "%s"', l.name)))
+                     ORDER BY l.name)
+      INTO toks
+      FROM cyclone_limits l
+     WHERE l.workflows @> ARRAY[p_workflow] AND l.scope = 'runs';
+    RETURN toks;
+END $$;
+
+-- The tokens of a task step: its node's own limits (in the order declared), then those
+-- that name its kind (by name), then its run's (p_run_tokens). NULL when none. A node's
+-- `limits` is [{"limit": name, "key": constant} or {"limit": name, "key_path": [...]}].
+CREATE OR REPLACE FUNCTION cyclone__step_tokens(p_node jsonb, p_input jsonb, p_run_tokens text[])
+RETURNS text[] LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    toks text[] := '{}';
+    u record;
+    l cyclone_limits;
+    t text;
+BEGIN
+    IF p_node ->> 'type' IS DISTINCT FROM 'task' THEN
+        RETURN NULL;
+    END IF;
+    FOR u IN SELECT e, (ord - 1)::integer AS i
+               FROM jsonb_array_elements(COALESCE(p_node -> 'limits', '[]'::jsonb)) WITH ORDINALITY AS x (e, ord) LOOP
+        SELECT * INTO l FROM cyclone_limits WHERE name = u.e ->> 'limit';
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'node "%": limits[%]: unknown limit "%" (create it with Limits.SetLimit first)',
+                p_node ->> 'id', u.i, u.e ->> 'limit' USING ERRCODE = 'CY400';
+        ELSIF l.scope <> 'steps' THEN
+            RAISE EXCEPTION 'node "%": limits[%]: limit "%" caps whole runs: attach it to the workflow, not to a node',
+                p_node ->> 'id', u.i, l.name USING ERRCODE = 'CY400';
+        END IF;
+        t := cyclone__limit_token(l.name, cyclone__limit_key(
+                 p_input,
+                 CASE WHEN u.e ? 'key_path' THEN ARRAY(SELECT jsonb_array_elements_text(u.e -> 'key_path')) END,
+                 u.e ->> 'key', format('node "%s": limits[%s] (limit "%s")', p_node ->> 'id', u.i, l.name)));
+        IF NOT t = ANY (toks) THEN
+            toks := toks || t;
+        END IF;
+    END LOOP;
+    FOR l IN SELECT * FROM cyclone_limits WHERE kinds @> ARRAY[p_node ->> 'kind'] AND scope = 'steps'
+              ORDER BY name LOOP
+        t := cyclone__limit_token(l.name, cyclone__limit_key(p_input, l.key_path, l.key_const,
+                                                             format('limit "%s" (kind "%s")', l.name, p_node ->> 'kind')));
+        IF NOT t = ANY (toks) THEN
+            toks := toks || t;
+        END IF;
+    END LOOP;
+    toks := toks || COALESCE(p_run_tokens, '{}');
+    RETURN NULLIF(toks, '{}');
+END $$;
+
+-- Fair order. Each key of a limit has a virtual clock; a step of the key that becomes due is
+-- placed at max(the key's clock, the kind's virtual time) and moves the key's clock on by
+-- 1/weight; the kind's virtual time is the place of its last claimed step. So keys that
+-- both have work alternate (a weight-3 key three steps for one), a key that has been
+-- idle starts at the present and banks no credit, and FIFO holds within a key. The first
+-- token of the step decides its key.
+CREATE OR REPLACE FUNCTION cyclone__fair_at(p_token text, p_kind text) RETURNS double precision
+LANGUAGE plpgsql AS $$
+DECLARE
+    w double precision;
+    vt double precision;
+    v double precision;
+BEGIN
+    SELECT (l.weights ->> cyclone__token_key(p_token))::float8 INTO w
+      FROM cyclone_limits l WHERE l.name = cyclone__token_limit(p_token);
+    w := COALESCE(w, 1.0);
+    SELECT c.vt INTO vt FROM cyclone_fair_clocks c WHERE c.kind = p_kind;
+    vt := COALESCE(vt, 0.0);
+    INSERT INTO cyclone_fair_keys AS f (token, vclock) VALUES (p_token, vt + 1.0 / w)
+        ON CONFLICT (token) DO UPDATE SET vclock = greatest(f.vclock, vt) + 1.0 / w
+    RETURNING f.vclock - 1.0 / w INTO v;
+    RETURN v;
+END $$;
+
+-- A limited step entering available (or getting its tokens while available): its place in
+-- the fair order if it is due now, else NULL until a claim finds it due (cyclone__limits_pick).
+CREATE OR REPLACE FUNCTION cyclone__fair_place() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.scheduled_at > now() THEN
+        NEW.fair_at := NULL;
+    ELSE
+        NEW.fair_at := cyclone__fair_at(NEW.limit_keys[1], NEW.kind);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- A limited step left running (a result, an expiry, a release, a timeout, a cancel): a slot
+-- of its keys is free. Every server's dispatcher hears it, not only this one's.
+CREATE OR REPLACE FUNCTION cyclone__slot_freed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('cyclone_available', '');
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER cyclone_steps_fair_insert BEFORE INSERT ON cyclone_steps
+    FOR EACH ROW WHEN (NEW.state = 'available' AND NEW.limit_keys IS NOT NULL)
+    EXECUTE FUNCTION cyclone__fair_place();
+CREATE OR REPLACE TRIGGER cyclone_steps_fair_update BEFORE UPDATE OF state, limit_keys ON cyclone_steps
+    FOR EACH ROW WHEN (NEW.state = 'available' AND NEW.limit_keys IS NOT NULL
+                       AND (OLD.state <> 'available' OR OLD.limit_keys IS DISTINCT FROM NEW.limit_keys))
+    EXECUTE FUNCTION cyclone__fair_place();
+CREATE OR REPLACE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
+    FOR EACH ROW WHEN (OLD.state = 'running' AND NEW.state <> 'running' AND NEW.limit_keys IS NOT NULL)
+    EXECUTE FUNCTION cyclone__slot_freed();
+
+-- Cancel a run because of a limit's strategy: like CancelRun (its running steps' handlers
+-- are told the same way), with cancel_cause 'limit' and p_reason on every step it cancels.
+CREATE OR REPLACE FUNCTION cyclone__run_cancel_limit(p_run_id uuid, p_reason text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    r cyclone_runs;
+BEGIN
+    SELECT * INTO r FROM cyclone_runs WHERE id = p_run_id FOR NO KEY UPDATE;
+    IF NOT FOUND OR r.state NOT IN ('running', 'paused') THEN
+        RETURN false;
+    END IF;
+    PERFORM cyclone__steps_cancel(r.id, NULL, 'limit', NULL);
+    UPDATE cyclone_steps SET reason = p_reason
+     WHERE run_id = r.id AND state = 'cancelled' AND cancel_cause = 'limit' AND reason IS NULL;
+    PERFORM cyclone__run_end(r.id, 'cancelled');
+    RETURN true;
+END $$;
+
+-- Lock a key of a limit for the rest of the transaction, creating its row when it has none.
+CREATE OR REPLACE FUNCTION cyclone__limit_key_lock(p_limit text, p_key text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO cyclone_limit_keys (limit_name, key) VALUES (p_limit, p_key) ON CONFLICT DO NOTHING;
+    PERFORM 1 FROM cyclone_limit_keys WHERE limit_name = p_limit AND key = p_key FOR UPDATE;
+END $$;
+
+-- Strategies, when steps arrive (become available for the first time: at submit or
+-- enqueue, or when their dependencies complete) and when runs are created. For each token
+-- whose limit's strategy is not 'queue', with the key locked (so claims and other arrivals
+-- of the key wait):
+--   cancel_newest: the key already has max_running running or waiting: this run is cancelled.
+--   cancel_oldest: the key has more than max_running running or waiting with this one: the
+--                  oldest of them (by creation) are cancelled, running ones included.
+--   keep_newest:   every other waiting (not yet running) step or run of the key is cancelled.
+-- A cancelled run's steps say which limit and key in `reason`. Steps arrive in the order of
+-- p_step_ids; p_later are steps written in the same transaction that arrive after them (the
+-- rest of an EnqueueMany): none of those counts yet.
+DROP FUNCTION IF EXISTS cyclone__limits_arrive(uuid, uuid[]);
+CREATE OR REPLACE FUNCTION cyclone__limits_arrive(p_run_id uuid, p_step_ids uuid[], p_later uuid[] DEFAULT '{}')
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    later uuid[];
+    l cyclone_limits;
+    t text;
+    k text;
+    n bigint;
+    victim uuid;
+    rt text[];
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
+        RETURN;
+    END IF;
+    -- Runs first: a limit of whole runs.
+    SELECT r.limit_keys INTO rt FROM cyclone_runs r WHERE r.id = p_run_id;
+    FOREACH t IN ARRAY COALESCE(rt, '{}') LOOP
+        SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
+        CONTINUE WHEN NOT FOUND OR l.strategy = 'queue';
+        k := cyclone__token_key(t);
+        PERFORM cyclone__limit_key_lock(l.name, k);
+        IF l.strategy = 'keep_newest' THEN
+            FOR victim IN SELECT r.id FROM cyclone_runs r
+                           WHERE r.state IN ('running', 'paused') AND r.limit_keys IS NOT NULL
+                             AND r.limit_keys @> ARRAY[t] AND NOT r.limit_admitted AND r.id <> p_run_id
+                           ORDER BY r.id LOOP
+                PERFORM cyclone__run_cancel_limit(victim,
+                    format('limit "%s" key "%s": keep_newest: a newer run of the key arrived', l.name, k));
+            END LOOP;
+            CONTINUE;
+        END IF;
+        SELECT count(*) INTO n FROM cyclone_runs r
+         WHERE r.state IN ('running', 'paused') AND r.limit_keys IS NOT NULL AND r.limit_keys @> ARRAY[t];
+        IF l.strategy = 'cancel_newest' AND n > l.max_running THEN
+            PERFORM cyclone__run_cancel_limit(p_run_id,
+                format('limit "%s" key "%s": cancel_newest: %s runs of the key already active (max_running %s)',
+                       l.name, k, n - 1, l.max_running));
+            RETURN;
+        ELSIF l.strategy = 'cancel_oldest' AND n > l.max_running THEN
+            FOR victim IN SELECT r.id FROM cyclone_runs r
+                           WHERE r.state IN ('running', 'paused') AND r.limit_keys IS NOT NULL
+                             AND r.limit_keys @> ARRAY[t] AND r.id <> p_run_id
+                           ORDER BY r.created_at, r.id LIMIT n - l.max_running LOOP
+                PERFORM cyclone__run_cancel_limit(victim,
+                    format('limit "%s" key "%s": cancel_oldest: a newer run of the key arrived (max_running %s)',
+                           l.name, k, l.max_running));
+            END LOOP;
+        END IF;
+    END LOOP;
+
+    FOR s IN SELECT x.id, x.run_id, x.limit_keys, a.ord FROM unnest(p_step_ids) WITH ORDINALITY AS a (id, ord)
+               JOIN cyclone_steps x ON x.id = a.id
+              WHERE x.state = 'available' AND x.limit_keys IS NOT NULL
+              ORDER BY a.ord LOOP
+        later := p_later || p_step_ids[s.ord + 1:];
+        FOREACH t IN ARRAY s.limit_keys LOOP
+            SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
+            CONTINUE WHEN NOT FOUND OR l.strategy = 'queue' OR l.scope <> 'steps';
+            k := cyclone__token_key(t);
+            PERFORM cyclone__limit_key_lock(l.name, k);
+            EXIT WHEN NOT EXISTS (SELECT 1 FROM cyclone_steps WHERE id = s.id AND state = 'available');
+            IF l.strategy = 'keep_newest' THEN
+                FOR victim IN SELECT DISTINCT x.run_id FROM cyclone_steps x
+                               WHERE x.state = 'available' AND x.limit_keys IS NOT NULL
+                                 AND x.limit_keys @> ARRAY[t] AND x.id <> s.id AND x.run_id <> s.run_id
+                                 AND NOT x.id = ANY (later) LOOP
+                    PERFORM cyclone__run_cancel_limit(victim,
+                        format('limit "%s" key "%s": keep_newest: a newer step of the key arrived', l.name, k));
+                END LOOP;
+                CONTINUE;
+            END IF;
+            SELECT (SELECT count(*) FROM cyclone_steps x
+                     WHERE x.state = 'running' AND x.limit_keys IS NOT NULL AND x.limit_keys @> ARRAY[t])
+                 + (SELECT count(*) FROM cyclone_steps x
+                     WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.limit_keys @> ARRAY[t]
+                       AND NOT x.id = ANY (later))
+              INTO n;
+            IF l.strategy = 'cancel_newest' AND n > l.max_running THEN
+                PERFORM cyclone__run_cancel_limit(s.run_id,
+                    format('limit "%s" key "%s": cancel_newest: %s steps of the key already running or waiting (max_running %s)',
+                           l.name, k, n - 1, l.max_running));
+                EXIT;
+            ELSIF l.strategy = 'cancel_oldest' AND n > l.max_running THEN
+                FOR victim IN SELECT o.run_id FROM (
+                                  SELECT x.run_id, x.created_at, x.id FROM cyclone_steps x
+                                   WHERE x.state IN ('running', 'available') AND x.limit_keys IS NOT NULL
+                                     AND x.limit_keys @> ARRAY[t] AND x.id <> s.id AND x.run_id <> s.run_id
+                                     AND NOT x.id = ANY (later)
+                                   ORDER BY x.created_at, x.id LIMIT n - l.max_running) o LOOP
+                    PERFORM cyclone__run_cancel_limit(victim,
+                        format('limit "%s" key "%s": cancel_oldest: a newer step of the key arrived (max_running %s)',
+                               l.name, k, l.max_running));
+                END LOOP;
+            END IF;
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- The limited steps of these kinds that a claim of up to p_limit steps may take now, in
+-- fair order, with the key of every limit they consume locked until the claim commits
+-- (keys another transaction holds are skipped, never waited for). A step is taken only
+-- if, for each of its tokens whose limit still exists: the key has a free slot (running
+-- steps, or admitted runs for a limit of runs, below max_running, counting those taken
+-- here) and a start left in the rate's window. The caller records the starts and
+-- admissions of those it claims (cyclone__limits_take).
+--
+-- At most p_limit * 4 + 64 due steps are looked at: the fair order interleaves the keys,
+-- so the steps of keys at their limit are at most as many as those keys. They are judged
+-- in chunks (2 x p_limit, then doubling), and only the keys of a chunk are locked and
+-- counted, so a claim locks about the keys it takes.
+CREATE OR REPLACE FUNCTION cyclone__limits_pick(p_kinds text[], p_limit integer)
+RETURNS TABLE (id uuid, priority integer, scheduled_at timestamptz)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    c_ids uuid[];
+    c_runs uuid[];
+    c_toks text[];
+    c_pri integer[];
+    c_sched timestamptz[];
+    tk text[] := '{}';           -- the tokens judged so far, and per token:
+    tk_scope text[] := '{}';     --   its limit's scope (NULL: no such limit: not limited)
+    tk_locked boolean[] := '{}';
+    tk_slots integer[] := '{}';  --   slots left (NULL: no max_running)
+    tk_rate integer[] := '{}';   --   starts left in the window (NULL: no rate)
+    nt text[];                   -- the tokens of a chunk not judged before, and theirs:
+    n_scope text[];
+    n_max integer[];
+    n_rate integer[];
+    n_locked boolean[];
+    held text[];
+    counted text[];
+    cnt_t text[];
+    cnt_n integer[];
+    admitted uuid[] := '{}';
+    chosen integer[] := '{}';
+    st text[];
+    t text;
+    i integer;
+    j integer;
+    lo integer := 1;
+    hi integer;
+    chunk integer := greatest(p_limit * 2, 16);
+    ok boolean;
+    clock timestamptz;
+BEGIN
+    -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at).
+    UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
+     WHERE s.id = ANY (ARRAY(
+               SELECT x.id FROM cyclone_steps x
+                WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
+                  AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
+                ORDER BY x.scheduled_at LIMIT 1000
+                  FOR UPDATE SKIP LOCKED))
+       AND s.state = (SELECT 'available'::text);
+
+    SELECT array_agg(c.id ORDER BY c.priority, c.fair_at, c.id),
+           array_agg(c.run_id ORDER BY c.priority, c.fair_at, c.id),
+           array_agg(array_to_string(c.limit_keys, chr(30)) ORDER BY c.priority, c.fair_at, c.id),
+           array_agg(c.priority ORDER BY c.priority, c.fair_at, c.id),
+           array_agg(c.scheduled_at ORDER BY c.priority, c.fair_at, c.id)
+      INTO c_ids, c_runs, c_toks, c_pri, c_sched
+      FROM (SELECT w.* FROM unnest(p_kinds) AS k (kind)
+             CROSS JOIN LATERAL (
+                SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at FROM cyclone_steps s
+                 WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                   AND s.kind = k.kind
+                 ORDER BY s.priority, s.fair_at, s.id
+                 LIMIT p_limit * 4 + 64) w
+             ORDER BY w.priority, w.fair_at, w.id
+             LIMIT p_limit * 4 + 64) c;
+    IF c_ids IS NULL THEN
+        RETURN;
+    END IF;
+
+    WHILE lo <= array_length(c_ids, 1) AND cardinality(chosen) < p_limit LOOP
+        hi := least(array_length(c_ids, 1), lo + chunk - 1);
+        -- The chunk's new tokens: their limits, their keys locked (in one order; skipping
+        -- those another claim or arrival holds), then (statements after the lock see every
+        -- claim that committed before it) what they use.
+        SELECT COALESCE(array_agg(u.t ORDER BY u.t), '{}') INTO nt
+          FROM (SELECT DISTINCT x.t
+                  FROM unnest(string_to_array(array_to_string(c_toks[lo:hi], chr(30)), chr(30))) AS x (t)
+                 WHERE NOT x.t = ANY (tk)) u;
+        IF cardinality(nt) > 0 THEN
+        SELECT array_agg(l.scope ORDER BY u.ord), array_agg(l.max_running ORDER BY u.ord),
+               array_agg(l.rate ORDER BY u.ord)
+          INTO n_scope, n_max, n_rate
+          FROM unnest(nt) WITH ORDINALITY AS u (t, ord)
+          LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t);
+        -- (A limit with neither max_running nor rate only orders its keys: nothing to lock.)
+        INSERT INTO cyclone_limit_keys (limit_name, key)
+        SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t)
+          FROM unnest(nt, n_scope, n_max, n_rate) AS u (t, scope, mx, rt)
+         WHERE u.scope IS NOT NULL AND (u.mx IS NOT NULL OR u.rt IS NOT NULL)
+        ON CONFLICT DO NOTHING;
+        SELECT COALESCE(array_agg(cyclone__limit_token(k.limit_name, k.key)), '{}') INTO held
+          FROM (SELECT kk.limit_name, kk.key FROM cyclone_limit_keys kk
+                  JOIN unnest(nt, n_max, n_rate) AS v (t, mx, rt)
+                    ON kk.limit_name = cyclone__token_limit(v.t) AND kk.key = cyclone__token_key(v.t)
+                   AND (v.mx IS NOT NULL OR v.rt IS NOT NULL)
+                 ORDER BY kk.limit_name, kk.key
+                   FOR UPDATE OF kk SKIP LOCKED) k;
+        n_locked := ARRAY(SELECT u.t = ANY (held) OR (n_max[u.ord] IS NULL AND n_rate[u.ord] IS NULL)
+                            FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        clock := clock_timestamp();
+        -- The running steps (and admitted runs) of the locked keys with a cap: one pass over
+        -- them through the GIN indexes of tokens, grouped by token.
+        counted := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max) AS u (t, locked, mx)
+                          WHERE u.locked AND u.mx IS NOT NULL);
+        SELECT COALESCE(array_agg(c.t), '{}'), COALESCE(array_agg(c.n), '{}') INTO cnt_t, cnt_n
+          FROM (SELECT x.t, count(*)::integer AS n
+                  FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
+                 WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && counted
+                   AND x.t = ANY (counted)
+                 GROUP BY x.t
+                UNION ALL
+                SELECT x.t, count(*)::integer
+                  FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
+                 WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && counted
+                   AND x.t = ANY (counted)
+                 GROUP BY x.t) c;
+        tk_slots := tk_slots || ARRAY(
+            SELECT CASE
+                   WHEN n_scope[u.ord] IS NULL OR NOT n_locked[u.ord] OR n_max[u.ord] IS NULL THEN n_max[u.ord]
+                   ELSE n_max[u.ord] - COALESCE(cnt_n[array_position(cnt_t, u.t)], 0)
+                   END
+              FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        IF EXISTS (SELECT 1 FROM unnest(n_locked, n_rate) AS u (locked, rate) WHERE u.locked AND u.rate IS NOT NULL) THEN
+            DELETE FROM cyclone_limit_starts d
+             USING unnest(nt, n_locked, n_rate) AS u (t, locked, rate), cyclone_limits l
+             WHERE u.locked AND u.rate IS NOT NULL AND l.name = cyclone__token_limit(u.t)
+               AND d.limit_name = l.name AND d.key = cyclone__token_key(u.t)
+               AND d.at <= clock - cyclone__rate_window(l.period);
+            tk_rate := tk_rate || ARRAY(
+                SELECT CASE
+                       WHEN n_rate[u.ord] IS NULL OR NOT n_locked[u.ord] THEN n_rate[u.ord]
+                       ELSE n_rate[u.ord] - (
+                            SELECT count(*) FROM cyclone_limit_starts d
+                             WHERE d.limit_name = cyclone__token_limit(u.t) AND d.key = cyclone__token_key(u.t))::integer
+                       END
+                  FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        ELSE
+            tk_rate := tk_rate || n_rate;
+        END IF;
+        tk := tk || nt;
+        tk_scope := tk_scope || n_scope;
+        tk_locked := tk_locked || n_locked;
+        END IF;
+        IF 'runs' = ANY (tk_scope) THEN  -- the chunk's runs that hold their slot already
+            admitted := admitted || ARRAY(SELECT r.id FROM cyclone_runs r
+                                           WHERE r.id = ANY (c_runs[lo:hi]) AND r.limit_admitted
+                                             AND NOT r.id = ANY (admitted));
+        END IF;
+
+        FOR i IN lo .. hi LOOP
+            EXIT WHEN cardinality(chosen) >= p_limit;
+            st := string_to_array(c_toks[i], chr(30));
+            ok := true;
+            FOREACH t IN ARRAY st LOOP
+                j := array_position(tk, t);
+                CONTINUE WHEN tk_scope[j] IS NULL;  -- its limit was deleted
+                IF NOT tk_locked[j] THEN
+                    ok := false;
+                ELSIF tk_scope[j] = 'runs' AND c_runs[i] = ANY (admitted) THEN
+                    CONTINUE;  -- the run holds its slot already
+                ELSIF tk_slots[j] <= 0 OR tk_rate[j] <= 0 THEN
+                    ok := false;
+                END IF;
+                EXIT WHEN NOT ok;
+            END LOOP;
+            CONTINUE WHEN NOT ok;
+            FOREACH t IN ARRAY st LOOP
+                j := array_position(tk, t);
+                CONTINUE WHEN tk_scope[j] IS NULL OR (tk_scope[j] = 'runs' AND c_runs[i] = ANY (admitted));
+                tk_slots[j] := tk_slots[j] - 1;
+                tk_rate[j] := tk_rate[j] - 1;
+            END LOOP;
+            IF EXISTS (SELECT 1 FROM unnest(st) AS x (t) WHERE tk_scope[array_position(tk, x.t)] = 'runs') THEN
+                admitted := admitted || c_runs[i];
+            END IF;
+            chosen := chosen || i;
+        END LOOP;
+        lo := hi + 1;
+        chunk := chunk * 2;
+    END LOOP;
+
+    RETURN QUERY SELECT c_ids[x.i], c_pri[x.i], c_sched[x.i] FROM unnest(chosen) AS x (i);
+END $$;
+
+-- The claim took these limited steps (now running): their starts count against their rates,
+-- their runs hold the slots of the limits of runs, and the kinds' virtual time moves on to
+-- the furthest fair place taken (cyclone__fair_at). Runs once per claim.
+CREATE OR REPLACE FUNCTION cyclone__limits_take(p_ids uuid[]) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    clock timestamptz := clock_timestamp();
+    c record;
+BEGIN
+    IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
+        RETURN;
+    END IF;
+    WITH newly AS (
+        UPDATE cyclone_runs r SET limit_admitted = true
+         WHERE r.id = ANY (ARRAY(SELECT s.run_id FROM cyclone_steps s WHERE s.id = ANY (p_ids)))
+           AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
+        RETURNING r.limit_keys)
+    INSERT INTO cyclone_limit_starts (limit_name, key, at)
+    SELECT l.name, cyclone__token_key(u.t), clock
+      FROM (SELECT t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t WHERE s.id = ANY (p_ids)
+             UNION ALL
+            SELECT t FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
+      JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL
+     -- A step's token of a limit of runs counts in the run's start (newly), not its own.
+     WHERE l.scope = 'steps' OR u.t IN (SELECT t FROM newly n CROSS JOIN unnest(n.limit_keys) AS t);
+    FOR c IN SELECT s.kind, max(s.fair_at) AS at FROM cyclone_steps s
+              WHERE s.id = ANY (p_ids) AND s.fair_at IS NOT NULL GROUP BY s.kind ORDER BY s.kind LOOP
+        INSERT INTO cyclone_fair_clocks (kind, vt) VALUES (c.kind, c.at) ON CONFLICT (kind) DO NOTHING;
+        UPDATE cyclone_fair_clocks f SET vt = c.at
+         WHERE f.kind = (SELECT x.kind FROM cyclone_fair_clocks x WHERE x.kind = c.kind AND x.vt < c.at
+                            FOR UPDATE SKIP LOCKED);
+    END LOOP;
+END $$;
+
+-- Seconds until a limited step of these kinds may be claimable (NULL: none without a slot
+-- freeing first, which wakes the dispatchers; 0 or less: now, if a claim can lock its
+-- keys). A look without locks at the due steps a claim would see: a key with a free slot
+-- and a start left is due now; a key out of starts when its oldest start leaves the window;
+-- a key without a free slot never (its slot's release notifies). Steps not yet due: when
+-- they become due.
+CREATE OR REPLACE FUNCTION cyclone__limits_next_due(p_kinds text[]) RETURNS double precision
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    later timestamptz;
+    best double precision;
+BEGIN
+    SELECT min(n.at) INTO later
+      FROM unnest(p_kinds) AS k (kind)
+     CROSS JOIN LATERAL (SELECT s.scheduled_at AS at FROM cyclone_steps s
+                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
+                            AND s.kind = k.kind
+                          ORDER BY s.scheduled_at LIMIT 1) n;
+    WITH c AS (
+        SELECT w.id, w.run_id, w.limit_keys FROM unnest(p_kinds) AS k (kind)
+         CROSS JOIN LATERAL (
+            SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at FROM cyclone_steps s
+             WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+               AND s.kind = k.kind
+             ORDER BY s.priority, s.fair_at, s.id LIMIT 64) w
+    ), toks AS (
+        SELECT array_agg(DISTINCT u.tok) AS ts FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok)
+    ), used AS (  -- running steps and admitted runs per token, in one pass each
+        SELECT x.t, count(*) AS n, 'steps' AS scope
+          FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
+         WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && (SELECT ts FROM toks)
+           AND x.t = ANY ((SELECT ts FROM toks)::text[])
+         GROUP BY x.t
+        UNION ALL
+        SELECT x.t, count(*), 'runs'
+          FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
+         WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && (SELECT ts FROM toks)
+           AND x.t = ANY ((SELECT ts FROM toks)::text[])
+         GROUP BY x.t
+    ), state AS (
+        SELECT x.t,
+               CASE WHEN l.name IS NULL THEN 0.0
+                    WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(
+                         (SELECT u.n FROM used u WHERE u.t = x.t AND u.scope = l.scope), 0) THEN NULL
+                    WHEN l.rate IS NOT NULL THEN (
+                         SELECT CASE WHEN count(*) < l.rate THEN 0.0
+                                     ELSE extract(epoch FROM min(d.at) + cyclone__rate_window(l.period)
+                                                             - clock_timestamp())::float8 END
+                           FROM (SELECT d.at FROM cyclone_limit_starts d
+                                  WHERE d.limit_name = l.name AND d.key = cyclone__token_key(x.t)
+                                    AND d.at > clock_timestamp() - cyclone__rate_window(l.period)
+                                  ORDER BY d.at DESC LIMIT l.rate) d)
+                    ELSE 0.0 END AS due
+          FROM (SELECT unnest(ts) AS t FROM toks) x LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+    )
+    -- A step is due when all its keys are: the latest of its keys' times.
+    SELECT min(m.due) INTO best
+      FROM (SELECT max(st.due) AS due, bool_or(st.due IS NULL) AS never
+              FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok) JOIN state st ON st.t = u.tok
+             GROUP BY c.id) m
+     WHERE NOT m.never;
+    RETURN least(best, extract(epoch FROM later - now())::float8);
+END $$;
+
+-- Why an available step is not claimed, when a limit holds it: "limit tenants key acme:
+-- 5/5 running", "limit api key global: 100/100 starts per 1 s, the next in 0.4 s" (the
+-- empty key written ""), or NULL.
+CREATE OR REPLACE FUNCTION cyclone__step_held(p_step cyclone_steps) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    first_at timestamptz;
+    t text;
+    l cyclone_limits;
+    k text;
+    n bigint;
+BEGIN
+    IF p_step.state <> 'available' OR p_step.limit_keys IS NULL THEN
+        RETURN NULL;
+    END IF;
+    FOREACH t IN ARRAY p_step.limit_keys LOOP
+        SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
+        CONTINUE WHEN NOT FOUND;
+        k := cyclone__token_key(t);
+        IF l.max_running IS NOT NULL THEN
+            IF l.scope = 'steps' THEN
+                SELECT count(*) INTO n FROM cyclone_steps s
+                 WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys @> ARRAY[t];
+            ELSIF EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = p_step.run_id AND r.limit_admitted) THEN
+                n := 0;
+            ELSE
+                SELECT count(*) INTO n FROM cyclone_runs r
+                 WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys @> ARRAY[t];
+            END IF;
+            IF n >= l.max_running THEN
+                RETURN format('limit %s key %s: %s/%s %s', l.name, CASE WHEN k = '' THEN '""' ELSE k END, n,
+                              l.max_running, CASE WHEN l.scope = 'steps' THEN 'running' ELSE 'runs active' END);
+            END IF;
+        END IF;
+        IF l.rate IS NOT NULL THEN
+            SELECT count(*), min(d.at) INTO n, first_at FROM cyclone_limit_starts d
+             WHERE d.limit_name = l.name AND d.key = k AND d.at > clock_timestamp() - cyclone__rate_window(l.period);
+            IF n >= l.rate THEN
+                RETURN format('limit %s key %s: %s/%s starts per %s s, the next in %s s', l.name,
+                              CASE WHEN k = '' THEN '""' ELSE k END, n, l.rate, extract(epoch FROM l.period),
+                              round(greatest(extract(epoch FROM first_at + cyclone__rate_window(l.period)
+                                                               - clock_timestamp()), 0)::numeric, 1));
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- Limits.SetLimit: create the limit or replace its fields (validated by the server:
+-- limit_spec.py). Steps that are not terminal, of the kinds it now names, that do not yet
+-- consume it, consume it from now on (the running ones count against it at once); so do
+-- the active runs of the workflows it names, and their steps (a run with a step claimed
+-- already holds its slot). A queued step whose input lacks key_path takes the key "".
+-- Returns whether the limit was created.
+CREATE OR REPLACE FUNCTION cyclone_limit_set(p jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    created boolean;
+    l cyclone_limits;
+BEGIN
+    IF EXISTS (SELECT 1 FROM cyclone_limits WHERE name = p ->> 'name' AND scope <> p ->> 'scope') THEN
+        RAISE EXCEPTION 'limit.scope: limit "%" exists with scope %: a scope cannot change (delete the limit first)',
+            p ->> 'name', (SELECT scope FROM cyclone_limits WHERE name = p ->> 'name') USING ERRCODE = 'CY400';
+    END IF;
+    INSERT INTO cyclone_limits AS x (name, max_running, rate, period, strategy, scope, kinds, workflows,
+                                     key_path, key_const, weights)
+    VALUES (p ->> 'name', (p ->> 'max_running')::integer, (p ->> 'rate')::integer,
+            make_interval(secs => (p ->> 'period')::float8), p ->> 'strategy', p ->> 'scope',
+            ARRAY(SELECT jsonb_array_elements_text(p -> 'kinds')),
+            ARRAY(SELECT jsonb_array_elements_text(p -> 'workflows')),
+            CASE WHEN jsonb_typeof(p -> 'key_path') = 'array'
+                 THEN ARRAY(SELECT jsonb_array_elements_text(p -> 'key_path')) END,
+            COALESCE(p ->> 'key_const', ''), COALESCE(p -> 'weights', '{}'))
+    ON CONFLICT (name) DO UPDATE
+       SET max_running = EXCLUDED.max_running, rate = EXCLUDED.rate, period = EXCLUDED.period,
+           strategy = EXCLUDED.strategy, scope = EXCLUDED.scope, kinds = EXCLUDED.kinds,
+           workflows = EXCLUDED.workflows, key_path = EXCLUDED.key_path, key_const = EXCLUDED.key_const,
+           weights = EXCLUDED.weights, updated_at = now()
+    RETURNING (xmax = 0), x.* INTO created, l.name, l.max_running, l.rate, l.period, l.strategy, l.scope,
+              l.kinds, l.workflows, l.key_path, l.key_const, l.weights, l.created_at, l.updated_at;
+
+    IF l.scope = 'steps' AND cardinality(l.kinds) > 0 THEN
+        UPDATE cyclone_steps s
+           SET limit_keys = COALESCE(s.limit_keys, '{}') || cyclone__limit_token(l.name, k.key)
+          FROM cyclone_runs r
+         CROSS JOIN LATERAL (SELECT COALESCE(CASE WHEN l.key_path IS NULL THEN l.key_const
+                                                  WHEN jsonb_typeof(r.input #> l.key_path) IN ('string', 'number', 'boolean')
+                                                  THEN left(r.input #>> l.key_path, 256) END, '') AS key) k
+         WHERE r.id = s.run_id AND s.kind = ANY (l.kinds) AND s.type = 'task'
+           AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+           AND NOT EXISTS (SELECT 1 FROM unnest(COALESCE(s.limit_keys, '{}')) AS t
+                            WHERE cyclone__token_limit(t) = l.name);
+    ELSIF l.scope = 'runs' THEN
+        WITH runs AS (
+            UPDATE cyclone_runs r
+               SET limit_keys = COALESCE(r.limit_keys, '{}') || cyclone__limit_token(l.name, k.key),
+                   limit_admitted = r.limit_admitted OR EXISTS (
+                       SELECT 1 FROM cyclone_steps s WHERE s.run_id = r.id AND s.started_at IS NOT NULL)
+              FROM (SELECT r2.id, COALESCE(CASE WHEN l.key_path IS NULL THEN l.key_const
+                                                WHEN jsonb_typeof(r2.input #> l.key_path) IN ('string', 'number', 'boolean')
+                                                THEN left(r2.input #>> l.key_path, 256) END, '') AS key
+                      FROM cyclone_runs r2
+                     WHERE r2.workflow_name = ANY (l.workflows) AND r2.state IN ('running', 'paused')) k
+             WHERE r.id = k.id
+               AND NOT EXISTS (SELECT 1 FROM unnest(COALESCE(r.limit_keys, '{}')) AS t
+                                WHERE cyclone__token_limit(t) = l.name)
+            RETURNING r.id, cyclone__limit_token(l.name, k.key) AS token)
+        UPDATE cyclone_steps s SET limit_keys = COALESCE(s.limit_keys, '{}') || runs.token
+          FROM runs
+         WHERE s.run_id = runs.id AND s.type = 'task' AND s.state NOT IN ('completed', 'discarded', 'cancelled');
+    END IF;
+    PERFORM pg_notify('cyclone_available', '');  -- a raised limit may free held steps
+    RETURN created;
+END $$;
+
+-- Limits.DeleteLimit. Steps that consumed it are no longer held by it. Returns whether it existed.
+CREATE OR REPLACE FUNCTION cyclone_limit_delete(p_name text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM cyclone_limits WHERE name = p_name;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM cyclone_fair_keys WHERE token LIKE replace(replace(p_name, '_', '\_'), '%', '\%') || chr(31) || '%';
+    PERFORM pg_notify('cyclone_available', '');
+    RETURN true;
+END $$;
+
+-- How the keys of the limits stand (Limits.GetLimit/ListLimits, /metrics, the console): per
+-- key with running or waiting steps (or runs), the p_top busiest by running + waiting.
+-- Reads every running and available step that has limits, and every active run with
+-- limits of runs.
+CREATE OR REPLACE FUNCTION cyclone_limit_keys_stats(p_name text, p_top integer)
+RETURNS TABLE (limit_name text, key text, running bigint, waiting bigint, oldest_waiting_age interval,
+               starts_in_window bigint)
+LANGUAGE sql STABLE AS $$
+    WITH steps AS (
+        SELECT cyclone__token_limit(t) AS lname, cyclone__token_key(t) AS key,
+               count(*) FILTER (WHERE s.state = 'running') AS running,
+               count(*) FILTER (WHERE s.state = 'available') AS waiting,
+               min(s.scheduled_at) FILTER (WHERE s.state = 'available' AND s.scheduled_at <= now()) AS oldest
+          FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t
+         WHERE s.state IN ('running', 'available') AND s.limit_keys IS NOT NULL
+           AND (p_name IS NULL OR cyclone__token_limit(t) = p_name)
+         GROUP BY 1, 2
+    ), runs AS (
+        SELECT cyclone__token_limit(t) AS lname, cyclone__token_key(t) AS key,
+               count(*) FILTER (WHERE r.limit_admitted) AS running,
+               count(*) FILTER (WHERE NOT r.limit_admitted) AS waiting,
+               min(r.created_at) FILTER (WHERE NOT r.limit_admitted) AS oldest
+          FROM cyclone_runs r CROSS JOIN unnest(r.limit_keys) AS t
+         WHERE r.state IN ('running', 'paused') AND r.limit_keys IS NOT NULL
+           AND (p_name IS NULL OR cyclone__token_limit(t) = p_name)
+         GROUP BY 1, 2
+    ), ranked AS (
+        SELECT x.*, row_number() OVER (PARTITION BY x.name ORDER BY x.running + x.waiting DESC, x.key) AS n
+          FROM (SELECT l.name, st.key, st.running, st.waiting, st.oldest
+                  FROM cyclone_limits l JOIN steps st ON st.lname = l.name AND l.scope = 'steps'
+                UNION ALL
+                SELECT l.name, ru.key, ru.running, ru.waiting, ru.oldest
+                  FROM cyclone_limits l JOIN runs ru ON ru.lname = l.name AND l.scope = 'runs') x
+    )
+    SELECT k.name, k.key, k.running, k.waiting,
+           COALESCE(greatest(now() - k.oldest, interval '0'), interval '0'),
+           (SELECT count(*) FROM cyclone_limit_starts d JOIN cyclone_limits l ON l.name = d.limit_name
+             WHERE d.limit_name = k.name AND d.key = k.key AND d.at > clock_timestamp() - cyclone__rate_window(l.period))
+      FROM ranked k
+     WHERE k.n <= p_top
+     ORDER BY k.name, k.n
+$$;

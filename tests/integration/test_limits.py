@@ -1,0 +1,505 @@
+"""Flow control on a real Postgres (docs/flow-control.md): concurrency limits per key that racing
+claimers on several engines never exceed, slots given back exactly once on every path that
+ends a lease, rate limits, strategies, limits of whole runs, fair dispatch, and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+from engine_helpers import expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task, violations
+
+from cyclone_server import definitions, limit_spec
+from cyclone_server.errors import InvalidArgument, NotFound
+from cyclone_server.records import Job
+from cyclone_server.store.engine import Engine
+from cyclone_server.stream.conn import WorkerConn
+from cyclone_server.stream.dispatcher import Dispatcher
+
+pytestmark = pytest.mark.statemachine
+
+
+def limit(name: str, **fields: Any) -> dict[str, Any]:
+    return limit_spec.normalize_limit({"name": name, **fields})
+
+
+async def jobs(engine: Engine, kind: str, inputs: list[Any], **options: Any) -> list[tuple[str, str, bool]]:
+    return await engine.enqueue_many([Job(kind, input=i, options=options) for i in inputs])
+
+
+async def claim(engine: Engine, kind: str, n: int, owner: str = "w1", ttl: float = 30.0) -> list[dict[str, Any]]:
+    return await engine.claim(owner, [kind], n, ttl)
+
+
+def tenants_of(leases: list[dict[str, Any]]) -> list[str]:
+    return [lease["input"]["tenant"] for lease in leases]
+
+
+async def running_per_key(conn, name: str) -> dict[str, int]:
+    rows = await fetch(conn, "SELECT key, running FROM cyclone_limit_keys_stats(%s, 1000)", name)
+    return {r["key"]: r["running"] for r in rows}
+
+
+# -- concurrency -------------------------------------------------------------------------
+
+
+async def test_a_key_never_runs_more_than_its_limit(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("tenants", max_running=2, kinds=["work"], key_path="input.tenant"))
+    await jobs(engine, "work", [{"tenant": t} for t in "aaaaabbbc"])
+    first = await claim(engine, "work", 10)
+    assert Counter(tenants_of(first)) == {"a": 2, "b": 2, "c": 1}
+    assert await claim(engine, "work", 10) == []
+    assert await running_per_key(conn, "tenants") == {"a": 2, "b": 2, "c": 1}
+    a = next(lease for lease in first if lease["input"]["tenant"] == "a")
+    assert await engine.complete(a["step_id"], a["lease_generation"], None) == "applied"
+    assert tenants_of(await claim(engine, "work", 10)) == ["a"]
+
+
+async def test_a_key_at_its_limit_costs_the_other_keys_nothing(engine: Engine, conn) -> None:
+    """20,000 steps of one tenant wait behind its limit of 1; a claim still finds the other
+    tenants' steps at once, reading a bounded number of rows (the fair order interleaves the
+    keys), never the held backlog."""
+    await engine.set_limit(limit("tenants", max_running=1, kinds=["k"], key_path="tenant"))
+    for _ in range(20):
+        await jobs(engine, "k", [{"tenant": "big"}] * 1000)
+    assert tenants_of(await claim(engine, "k", 10)) == ["big"]
+    await jobs(engine, "k", [{"tenant": f"small{i}"} for i in range(5)])
+    await conn.execute("ANALYZE cyclone_steps")
+    plans = await nested_plans(conn, "SELECT input FROM cyclone_steps_claim('w', ARRAY['k'], 10, '30 s')",
+                               analyze=True)
+    claimed = await fetch(conn, "SELECT r.input ->> 'tenant' AS t FROM cyclone_steps s JOIN cyclone_runs r "
+                                "ON r.id = s.run_id WHERE s.state = 'running' ORDER BY 1")
+    assert [r["t"] for r in claimed] == ["big"] + [f"small{i}" for i in range(5)]
+    for text, plan in plans:
+        nodes = plan_nodes(plan)
+        assert all(n["Node Type"] != "Seq Scan" for n in nodes), (text, nodes)
+        assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 10 * 4 + 64, (text, nodes)
+
+
+async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
+    await engine.set_limit(limit("one", max_running=1, kinds=["held"]))
+    await jobs(engine, "held", [1, 2, 3])
+    free = await jobs(engine, "free", [1, 2, 3])
+    got = await engine.claim("w1", ["held", "free"], 10, 30)
+    assert [lease["kind"] for lease in got].count("held") == 1
+    assert sorted(str(lease["step_id"]) for lease in got if lease["kind"] == "free") == sorted(s for _, s, _ in free)
+
+
+async def test_racing_claimers_on_several_engines_never_exceed_a_limit(db_url: str, engine: Engine) -> None:
+    """Nine engines (nine servers' pools) claim and complete 600 jobs of 6 tenants, limit 3 each:
+    no tenant ever has more than 3 leases at once, and every job completes exactly once."""
+    await engine.set_limit(limit("tenants", max_running=3, kinds=["race"], key_path="tenant"))
+    await jobs(engine, "race", [{"tenant": f"t{i % 6}", "n": i} for i in range(600)])
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(9)]
+    held: dict[str, int] = defaultdict(int)
+    most: dict[str, int] = defaultdict(int)
+    done: Counter[int] = Counter()
+
+    async def claimer(i: int, e: Engine) -> None:
+        rng = random.Random(i)
+        idle = 0
+        while idle < 50:
+            leases = await e.claim(f"w{i}", ["race"], rng.randint(1, 8), 30)
+            if not leases:
+                idle += 1
+                await asyncio.sleep(0.005)
+                continue
+            idle = 0
+            for lease in leases:
+                t = lease["input"]["tenant"]
+                held[t] += 1
+                most[t] = max(most[t], held[t])
+            await asyncio.sleep(rng.random() * 0.01)
+            for lease in leases:
+                held[lease["input"]["tenant"]] -= 1  # before the completion commits: a subset of its lease
+                assert await e.complete(lease["step_id"], lease["lease_generation"], None) == "applied"
+                done[lease["input"]["n"]] += 1
+
+    try:
+        await asyncio.gather(*(claimer(i, e) for i, e in enumerate(engines)))
+    finally:
+        for e in engines:
+            await e.close()
+    assert max(most.values()) <= 3, dict(most)
+    assert min(most.values()) == 3  # the limit, not a lack of racing, held them
+    assert sorted(done) == list(range(600)) and set(done.values()) == {1}
+
+
+@pytest.mark.parametrize("path", ["complete", "retry", "snooze", "discard", "expire", "release", "timeout",
+                                  "cancel"])
+async def test_every_end_of_a_lease_gives_its_slot_back_once(engine: Engine, conn, path: str) -> None:
+    await engine.set_limit(limit("solo", max_running=1, kinds=["one"]))
+    (r1, s1, _), (r2, s2, _) = await jobs(engine, "one", ["first", "second"], backoff_initial=60.0,
+                                           backoff_max=60.0, max_attempts=5)
+    [lease] = await claim(engine, "one", 5)
+    assert lease["input"] == "first" and await claim(engine, "one", 5) == []
+    sid, gen = str(lease["step_id"]), lease["lease_generation"]
+    if path == "complete":
+        assert await engine.complete(sid, gen, None) == "applied"
+    elif path == "retry":
+        assert await engine.fail(sid, gen, "again") == "retried"
+    elif path == "snooze":
+        assert await engine.snooze(sid, gen, 60) == "snoozed"
+    elif path == "discard":
+        assert await engine.fail(sid, gen, "no", permanent=True) == "discarded"
+    elif path == "expire":
+        await expire_lease(conn, sid)
+        assert (await engine.sweep())["leases_sweep"] == 1
+    elif path == "release":
+        assert len(await engine.release("w1", [(sid, gen)])) == 1
+    elif path == "timeout":
+        await conn.execute("UPDATE cyclone_steps SET attempt_deadline = now() - interval '1s' WHERE id = %s", (sid,))
+        await conn.execute("SELECT * FROM cyclone_attempts_timeout(10)")
+    elif path == "cancel":
+        assert await engine.cancel_run(r1)
+    [second] = await claim(engine, "one", 5)
+    assert second["input"] == "second"
+    assert await claim(engine, "one", 5) == []  # one slot came back, not two
+    assert await running_per_key(conn, "solo") == {"": 1}
+
+
+async def test_a_paused_run_keeps_its_running_slot_and_holds_no_queued_one(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("solo", max_running=1, kinds=["one"]))
+    (r1, _, _), (r2, _, _), (r3, _, _) = await jobs(engine, "one", [1, 2, 3])
+    [lease] = await claim(engine, "one", 5)
+    await engine.pause_run(r1)  # the running step runs on under its lease: its slot stays taken
+    assert await claim(engine, "one", 5) == []
+    await engine.pause_run(r2)
+    assert await engine.complete(str(lease["step_id"]), lease["lease_generation"], None) == "applied"
+    assert [x["input"] for x in await claim(engine, "one", 5)] == [3]
+
+
+async def test_raising_a_limit_frees_held_steps_at_the_next_claim(engine: Engine) -> None:
+    await engine.set_limit(limit("cap", max_running=1, kinds=["k"]))
+    await jobs(engine, "k", [1, 2, 3])
+    assert len(await claim(engine, "k", 5)) == 1
+    await engine.set_limit(limit("cap", max_running=3, kinds=["k"]))
+    assert len(await claim(engine, "k", 5)) == 2
+    await engine.delete_limit("cap")
+    await jobs(engine, "k", [4, 5])
+    assert len(await claim(engine, "k", 5)) == 2  # deleted: nothing holds them
+
+
+async def test_a_limit_created_for_a_kind_holds_its_queue_and_counts_its_running_steps(engine: Engine) -> None:
+    await jobs(engine, "late", [{"tenant": "a"}] * 4)
+    assert len(await claim(engine, "late", 1)) == 1
+    await engine.set_limit(limit("late", max_running=2, kinds=["late"], key_path="tenant"))
+    assert len(await claim(engine, "late", 5)) == 1  # the one running already counts
+
+
+async def test_a_node_consumes_the_limits_it_names_under_keys_from_the_input(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("db", max_running=1))
+    await engine.set_limit(limit("api", max_running=5))
+    nodes = [task("load", limits=[{"limit": "db", "key_path": "input.region"}, {"limit": "api", "key": "x"}])]
+    r1 = await start(engine, nodes, input={"region": "eu"})
+    r2, _ = await engine.submit_run("wf", input={"region": "eu"})
+    r3, _ = await engine.submit_run("wf", input={"region": "us"})
+    got = await claim(engine, "load", 5)
+    assert sorted(str(lease["run_id"]) for lease in got) == sorted([r1, r3])
+    row = await fetch_one(conn, "SELECT limit_keys FROM cyclone_steps WHERE run_id = %s", r2)
+    assert row["limit_keys"] == ["db\x1feu", "api\x1fx"]
+    held = (await engine.get_run(r2))["steps"][0]["held_by"]
+    assert held == "limit db key eu: 1/1 running"
+
+
+# -- rate limits ---------------------------------------------------------------------------
+
+
+async def test_a_rate_limit_allows_its_quota_per_window_and_says_when_the_next_start_is_due(engine: Engine,
+                                                                                           conn) -> None:
+    await engine.set_limit(limit("rps", rate=3, period=1.0, kinds=["call"]))
+    await jobs(engine, "call", list(range(7)))
+    first = await claim(engine, "call", 10)
+    assert [x["input"] for x in first] == [0, 1, 2]
+    for lease in first:  # finishing does not give starts back: the window does
+        await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    assert await claim(engine, "call", 10) == []
+    due = await engine.next_due(["call"])
+    assert due is not None and 0.0 < due <= 1.01  # the period and its margin (cyclone__rate_window)
+    await asyncio.sleep(due + 0.05)  # the window the database says, not a guess
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [3, 4, 5]
+    starts = await fetch(conn, "SELECT at FROM cyclone_limit_starts ORDER BY at")
+    assert len(starts) >= 3
+
+
+async def test_a_concurrency_limit_at_its_cap_is_not_due_until_a_slot_frees(engine: Engine) -> None:
+    await engine.set_limit(limit("cap", max_running=1, kinds=["k"]))
+    await jobs(engine, "k", [1, 2])
+    [lease] = await claim(engine, "k", 5)
+    assert await engine.next_due(["k"]) is None  # no polling: the slot's release wakes the dispatchers
+    await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    assert await engine.next_due(["k"]) <= 0.0
+
+
+async def test_a_worker_of_a_kind_held_at_its_cap_is_claimed_for_again_only_after_new_work(engine: Engine) -> None:
+    """Freed worker slots (results of other kinds) wake the dispatcher many times a second: a kind
+    whose claim found nothing due is not claimed for again until new work is announced (here by
+    hand: the NOTIFY of the freed limit slot, or an Enqueue), so a held kind costs the others no claims."""
+    await engine.set_limit(limit("cap", max_running=1, kinds=["held"]))
+    await jobs(engine, "held", [1, 2])
+    conn = WorkerConn(worker_id="w", kinds=["held"], slots=4)
+    dispatcher = Dispatcher(engine, lambda: [conn], lease_ttl=30, stats={"claims": Counter()}, claim_pace=0)
+    claims: list[list[str]] = []
+    real = engine.claim_leases
+
+    async def counted(owner: str, kinds: list[str], n: int, ttl: float) -> list[Any]:
+        claims.append(list(kinds))
+        return await real(owner, kinds, n, ttl)
+
+    engine.claim_leases = counted  # type: ignore[method-assign]
+    assert await dispatcher._pass() is None and len(conn.held) == 1  # the other is held: nothing due
+    for _ in range(5):
+        await dispatcher._pass()
+    assert len(claims) == 1
+    lease = next(iter(conn.held.values()))
+    step_id, gen = next(iter(conn.held))
+    assert await engine.complete(step_id, gen, None) == "applied"
+    conn.held.clear()
+    dispatcher.new_work()  # the slot's NOTIFY
+    await dispatcher._pass()
+    assert len(claims) == 2 and len(conn.held) == 1 and lease.kind == "held"
+
+
+async def test_delayed_limited_steps_become_claimable_when_due(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("cap", max_running=5, kinds=["k"]))
+    [(run_id, _, _)] = await jobs(engine, "k", [1])
+    [lease] = await claim(engine, "k", 5)
+    assert await engine.snooze(str(lease["step_id"]), lease["lease_generation"], 3600) == "snoozed"
+    assert await claim(engine, "k", 5) == []
+    assert 3500 < await engine.next_due(["k"]) <= 3600
+    await make_due(conn, run_id)
+    assert len(await claim(engine, "k", 5)) == 1
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+
+async def test_cancel_newest_cancels_an_arrival_beyond_the_limit(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("dedupe", max_running=2, strategy="cancel_newest", kinds=["k"], key_path="user"))
+    made = await jobs(engine, "k", [{"user": "u"}] * 3 + [{"user": "v"}])
+    states = [(await engine.get_run(r))["state"] for r, _, _ in made]
+    assert states == ["running", "running", "cancelled", "running"]
+    step = (await engine.get_run(made[2][0]))["steps"][0]
+    assert step["cancel_cause"] == "limit" and 'limit "dedupe" key "u"' in step["reason"]
+    assert await violations(conn) == {}
+
+
+async def test_cancel_oldest_cancels_the_oldest_running_or_waiting_to_make_room(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("latest", max_running=1, strategy="cancel_oldest", kinds=["k"]))
+    (r1, s1, _), = await jobs(engine, "k", ["old"])
+    [lease] = await claim(engine, "k", 5)
+    (r2, _, _), = await jobs(engine, "k", ["new"])
+    assert (await engine.get_run(r1))["state"] == "cancelled"  # its handler learns it at its next renewal
+    assert await engine.complete(str(lease["step_id"]), lease["lease_generation"], None) != "applied"
+    assert [x["input"] for x in await claim(engine, "k", 5)] == ["new"]
+    assert await violations(conn) == {}
+
+
+async def test_keep_newest_leaves_only_the_newest_waiting(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("debounce", max_running=1, strategy="keep_newest", kinds=["k"], key_path="doc"))
+    made = await jobs(engine, "k", [{"doc": "d", "v": i} for i in range(4)] + [{"doc": "e", "v": 9}])
+    states = [(await engine.get_run(r))["state"] for r, _, _ in made]
+    assert states == ["cancelled", "cancelled", "cancelled", "running", "running"]
+    assert sorted(x["input"]["v"] for x in await claim(engine, "k", 5)) == [3, 9]
+    assert await violations(conn) == {}
+
+
+@pytest.mark.parametrize("strategy", ["cancel_newest", "keep_newest"])
+async def test_racing_arrivals_on_several_engines_keep_a_strategy(db_url: str, engine: Engine, conn,
+                                                                  strategy: str) -> None:
+    """Six engines enqueue 60 jobs of one key at once: the key's lock serializes the arrivals, so
+    cancel_newest leaves exactly max_running of them and keep_newest exactly one waiting."""
+    await engine.set_limit(limit("k", max_running=3, strategy=strategy, kinds=["k"]))
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
+    try:
+        await asyncio.gather(*(e.enqueue("k", input=i * 10 + j) for i, e in enumerate(engines) for j in range(10)))
+    finally:
+        for e in engines:
+            await e.close()
+    rows = await fetch(conn, "SELECT state, count(*) AS n FROM cyclone_runs GROUP BY state ORDER BY state")
+    alive = 3 if strategy == "cancel_newest" else 1
+    assert {r["state"]: r["n"] for r in rows} == {"cancelled": 60 - alive, "running": alive}
+    assert await violations(conn) == {}
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_strategies_against_a_model(engine: Engine, seed: int) -> None:
+    """Random arrivals, claims and completions under each strategy, against a model of what
+    the key may hold: never more than max_running running, the states the strategy promises."""
+    rng = random.Random(seed)
+    strategy = ["queue", "cancel_newest", "cancel_oldest", "keep_newest"][seed % 4]
+    cap = rng.randint(1, 3)
+    await engine.set_limit(limit("m", max_running=cap, strategy=strategy, kinds=["k"]))
+    model: dict[str, str] = {}  # run id -> waiting | running | done | cancelled
+    order: list[str] = []
+    leases: dict[str, dict[str, Any]] = {}
+    for _ in range(60):
+        op = rng.choice(["arrive", "arrive", "claim", "finish"])
+        if op == "arrive":
+            (run_id, _, _), = await jobs(engine, "k", [len(order)])
+            live = [r for r in order if model[r] in ("waiting", "running")]
+            waiting = [r for r in live if model[r] == "waiting"]
+            order.append(run_id)
+            model[run_id] = "waiting"
+            if strategy == "cancel_newest" and len(live) >= cap:
+                model[run_id] = "cancelled"
+            elif strategy == "cancel_oldest" and len(live) + 1 > cap:
+                for r in live[:len(live) + 1 - cap]:
+                    model[r] = "cancelled"
+                    leases.pop(r, None)
+            elif strategy == "keep_newest":
+                for r in waiting:
+                    model[r] = "cancelled"
+        elif op == "claim":
+            got = await claim(engine, "k", rng.randint(1, 3))
+            for lease in got:
+                r = str(lease["run_id"])
+                assert model[r] == "waiting", (r, model[r])
+                model[r] = "running"
+                leases[r] = lease
+        elif leases:
+            r = rng.choice(sorted(leases))
+            lease = leases.pop(r)
+            assert await engine.complete(str(lease["step_id"]), lease["lease_generation"], None) == "applied"
+            model[r] = "done"
+        assert sum(1 for s in model.values() if s == "running") <= cap
+        for r in order:
+            state = (await engine.get_run(r))["state"]
+            want = {"waiting": "running", "running": "running", "done": "completed", "cancelled": "cancelled"}[model[r]]
+            assert state == want, (strategy, r, model[r], state)
+
+
+# -- limits of whole runs ----------------------------------------------------------------------
+
+
+async def test_a_limit_of_runs_admits_runs_per_key_until_they_end(engine: Engine) -> None:
+    nodes = [task("a"), task("b", "a")]
+    await engine.register_workflow("pipeline", nodes)
+    await engine.set_limit(limit("pipes", scope="runs", max_running=1, workflows=["pipeline"], key_path="acct"))
+    r1, _ = await engine.submit_run("pipeline", input={"acct": 1})
+    r2, _ = await engine.submit_run("pipeline", input={"acct": 1})
+    r3, _ = await engine.submit_run("pipeline", input={"acct": 2})
+    got = await engine.claim("w", ["a"], 5, 30)
+    assert sorted(str(x["run_id"]) for x in got) == sorted([r1, r3])
+    first = next(x for x in got if str(x["run_id"]) == r1)
+    await engine.complete(str(first["step_id"]), first["lease_generation"], None)
+    # r1 holds its slot between its steps: r2 waits until r1 ends, b of r1 goes at once.
+    assert [str(x["run_id"]) for x in await engine.claim("w", ["a", "b"], 5, 30)] == [r1]
+    assert (await engine.get_run(r2))["steps"][0]["held_by"] == "limit pipes key 1: 1/1 runs active"
+    b = (await fetch_run_lease(engine, r1, "b"))
+    await engine.complete(b[0], b[1], None)
+    assert [str(x["run_id"]) for x in await engine.claim("w", ["a"], 5, 30)] == [r2]
+
+
+async def fetch_run_lease(engine: Engine, run_id: str, node: str) -> tuple[str, int]:
+    step = next(s for s in (await engine.get_run(run_id))["steps"] if s["node"] == node)
+    return str(step["id"]), step["lease_generation"]
+
+
+# -- fair dispatch ---------------------------------------------------------------------------
+
+
+async def test_keys_share_claims_round_robin_whatever_the_backlog_of_one(engine: Engine) -> None:
+    await engine.set_limit(limit("fair", kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(300)])
+    for lease in await claim(engine, "k", 20):  # the big tenant has been served a while
+        await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    await jobs(engine, "k", [{"tenant": t, "n": i} for t in ("b", "c", "d") for i in range(5)])
+    got = tenants_of(await claim(engine, "k", 20))
+    assert Counter(got) == {"big": 5, "b": 5, "c": 5, "d": 5}
+    got_first = tenants_of(await claim(engine, "k", 4))
+    assert set(got_first) == {"big"}  # then only the big one has work left
+
+
+async def test_without_keys_the_order_is_priority_then_fifo(engine: Engine) -> None:
+    made = await jobs(engine, "plain", list(range(5)))
+    await engine.enqueue("plain", input="urgent", priority=-1)
+    got = [x["input"] for x in await claim(engine, "plain", 10)]
+    assert got == ["urgent", 0, 1, 2, 3, 4] and len(made) == 5
+
+
+async def test_weighted_keys_get_claims_in_proportion(engine: Engine) -> None:
+    await engine.set_limit(limit("w", kinds=["k"], key_path="tenant", weights={"gold": 4}))
+    await jobs(engine, "k", [{"tenant": t} for t in ("gold", "std") for _ in range(100)])
+    got = Counter(tenants_of(await claim(engine, "k", 50)))
+    assert got == {"gold": 40, "std": 10}
+
+
+async def test_priority_comes_before_fairness(engine: Engine) -> None:
+    await engine.set_limit(limit("fair", kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "a"}] * 3)
+    await engine.enqueue("k", input={"tenant": "b"}, priority=5)
+    await engine.enqueue("k", input={"tenant": "c"}, priority=-5)
+    assert tenants_of(await claim(engine, "k", 5)) == ["c", "a", "a", "a", "b"]
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"max_running": 0, "rate": -1}, "limit.rate: must be from 1 to 1,000,000"),
+    ({"max_running": -2}, "limit.max_running: must be from 1"),
+    ({"max_running": 10**9}, "limit.max_running: must be from 1 to 1,000,000"),
+    ({"rate": 5}, "limit.period: a rate needs a period"),
+    ({"period": 1.0}, "limit.period: a rate needs a period and a period a rate"),
+    ({"rate": 5, "period": 0.5}, "limit.period: must be from 1 second to 1 day"),
+    ({"rate": 5, "period": 86401.0}, "limit.period: must be from 1 second to 1 day"),
+    ({"strategy": "cancel_newest"}, "limit.strategy: cancel_newest needs max_running"),
+    ({"strategy": "lifo"}, "limit.strategy: 'lifo' is not one of"),
+    ({"scope": "runs", "kinds": ["k"]}, "limit.kinds: a limit of scope runs attaches to workflows"),
+    ({"scope": "runs"}, "limit.workflows: a limit of scope runs names the workflows"),
+    ({"workflows": ["w"]}, "limit.workflows: a limit of scope steps attaches to kinds"),
+    ({"key_path": "input."}, "limit.key_path: 'input.' is not a field path"),
+    ({"key": "a", "key_path": "x"}, "limit.key_path: give key or key_path, not both"),
+    ({"weights": {"a": 0}}, "limit.weights['a']: must be from 1 to 1000"),
+    ({"kinds": ["bad kind"]}, "limit.kinds[0]: 'bad kind' is not a valid kind"),
+])
+async def test_a_bad_limit_is_refused_naming_the_field(engine: Engine, conn, fields: dict, message: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        limit("bad", **fields)
+    assert message in e.value.message
+    assert await fetch(conn, "SELECT * FROM cyclone_limits") == []
+
+
+async def test_a_bad_name_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="limit.name"):
+        limit("no spaces")
+
+
+async def test_a_submit_with_an_unknown_limit_or_a_missing_key_stores_nothing(engine: Engine, conn) -> None:
+    with pytest.raises(InvalidArgument, match=r'node "k": limits\[0\]: unknown limit "nope"'):
+        await engine.enqueue("k", input={}, options={"limits": [{"limit": "nope"}]})
+    await engine.set_limit(limit("t", max_running=1, kinds=["k"], key_path="input.tenant"))
+    with pytest.raises(InvalidArgument, match=r'limit "t" \(kind "k"\): key_path "input.tenant": the run input has no value'):
+        await engine.enqueue("k", input={"other": 1})
+    with pytest.raises(InvalidArgument, match=r'jobs\[1\]: .*key_path "input.tenant": the value there is a JSON object'):
+        await jobs(engine, "k", [{"tenant": "a"}, {"tenant": {"x": 1}}])
+    with pytest.raises(InvalidArgument, match=r"limits\[0\]: limit: 'bad name' is not a valid name"):
+        definitions.normalize_job("k", {"limits": [{"limit": "bad name"}]})
+    with pytest.raises(InvalidArgument, match=r"limits: only task nodes consume limits"):
+        definitions.normalize_nodes([{"id": "s", "type": "sleep", "sleep": 1, "limits": [{"limit": "t"}]}])
+    assert await fetch(conn, "SELECT * FROM cyclone_runs") == []
+
+
+async def test_the_scope_of_a_limit_cannot_change(engine: Engine) -> None:
+    await engine.set_limit(limit("s", max_running=1, kinds=["k"]))
+    with pytest.raises(InvalidArgument, match='limit.scope: limit "s" exists with scope steps'):
+        await engine.set_limit(limit("s", max_running=1, scope="runs", workflows=["w"]))
+
+
+async def test_get_and_delete_of_an_unknown_limit_are_not_found(engine: Engine) -> None:
+    with pytest.raises(NotFound):
+        await engine.get_limit("nope")
+    with pytest.raises(NotFound):
+        await engine.delete_limit("nope")
+
+
+async def test_limits_list_their_busiest_keys(engine: Engine) -> None:
+    await engine.set_limit(limit("t", max_running=2, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": t} for t in "aaaabbc"])
+    await claim(engine, "k", 10)
+    [row] = await engine.list_limits()
+    assert [(k["key"], k["running"], k["waiting"]) for k in row["keys"]] == [("a", 2, 2), ("b", 2, 0), ("c", 1, 0)]
