@@ -1,7 +1,7 @@
 """Chaos test: thousands of steps through real processes that are killed on purpose.
 
     .venv/bin/python bench/chaos.py [--steps 2000] [--workers 4] [--slots 8] [--duration 60] [--timeout 600]
-                                    [--failover]
+                                    [--failover] [--limits N [--tenants 4]]
 
 On this machine, over loopback only: an embedded Postgres with durable commits, two
 `cyclone-server` processes on one database, and SDK worker processes (half connected to
@@ -32,7 +32,17 @@ and every run is terminal (or --timeout passed), it prints:
 - executions per step (a histogram: more than 1 is a re-execution after a kill, as
   at-least-once delivery allows), and reclaims per step.
 
-The exit status is 0 only when nothing was lost or wrong.
+With --limits N, flow control is under the chaos too: every run input carries a tenant (one of
+--tenants), and a limit (set through the Limits service before the load) caps the steps of the
+kind at N running per tenant (key_path input.tenant), jobs and DAG steps alike. Each handler
+marks itself running in a per-tenant directory shared by all worker processes (a file named
+by its pid and lease, made before its work and removed after it), then counts that tenant's
+marks whose process is alive (a SIGKILLed worker's marks are left behind; its handlers are
+not running) and logs the count. The report adds the most running at once per tenant that
+the workers saw, which must never exceed N.
+
+The exit status is 0 only when nothing was lost or wrong (and, with --limits, no tenant
+was seen above its limit).
 """
 
 from __future__ import annotations
@@ -79,13 +89,43 @@ def note(msg: str) -> None:
 
 # -- the worker process ------------------------------------------------------------------
 
-def worker_main(address: str, log_dir: Path, slots: int) -> None:
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def running_mark(log_dir: Path, fd: int, ctx: Context) -> Path:
+    """Mark this handler running under its tenant, and log how many of the tenant's handlers
+    (in every worker process still alive) are running now, itself included."""
+    tenant_dir = log_dir / "running" / str(ctx.input["tenant"])
+    tenant_dir.mkdir(parents=True, exist_ok=True)
+    mark = tenant_dir / f"{os.getpid()}-{ctx.step_id}-{ctx.lease_generation}"
+    mark.touch()
+    pids = [int(m.name.split("-", 1)[0]) for m in tenant_dir.iterdir()]
+    os.write(fd, f"{ctx.input['tenant']} {sum(1 for p in pids if p == os.getpid() or alive(p))}\n".encode())
+    return mark
+
+
+def worker_main(address: str, log_dir: Path, slots: int, limits: bool = False) -> None:
     fd = os.open(log_dir / f"exec-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    seen = os.open(log_dir / f"running-{os.getpid()}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+        if limits else None
     worker = Worker(address, slots=slots, reconnect=Reconnect(initial=0.1, maximum=1.0))
 
     @worker.handler(KIND)
     async def handle(ctx: Context) -> dict:
         os.write(fd, f"{ctx.step_id} {ctx.lease_generation} {ctx.attempt}\n".encode())
+        mark = running_mark(log_dir, seen, ctx) if seen is not None else None
+        try:
+            return await work(ctx)
+        finally:
+            if mark is not None:
+                mark.unlink()
+
+    async def work(ctx: Context) -> dict:
         # Mostly short; one in 20 runs long enough to be running when a kill comes.
         await asyncio.sleep(random.uniform(0.5, 2.0) if random.random() < 0.05 else random.uniform(0, 0.05))
         if ctx.attempt == 1 and int(ctx.step_id[-2:], 16) % 10 == 0:
@@ -100,8 +140,9 @@ def worker_main(address: str, log_dir: Path, slots: int) -> None:
 class Cluster:
     """Postgres, the servers and the workers, started, killed and restarted on demand."""
 
-    def __init__(self, workdir: Path, pg: EmbeddedPostgres | ReplicaPair, url: str, workers: int, slots: int) -> None:
-        self.workdir, self.pg, self.url, self.slots = workdir, pg, url, slots
+    def __init__(self, workdir: Path, pg: EmbeddedPostgres | ReplicaPair, url: str, workers: int, slots: int,
+                 limits: bool = False) -> None:
+        self.workdir, self.pg, self.url, self.slots, self.limits = workdir, pg, url, slots, limits
         self.crashed_wall = self.promoted_wall = self.promote_s = 0.0  # of the failover (time.time())
         self.log_dir = workdir / "exec"
         self.log_dir.mkdir()
@@ -129,7 +170,8 @@ class Cluster:
         address = self.addresses[slot % 2]  # half the workers on each server
         log = open(self.workdir / "workers.log", "ab")
         return subprocess.Popen([sys.executable, __file__, "--worker", address, "--log-dir", str(self.log_dir),
-                                 "--slots", str(self.slots)], stdout=log, stderr=log)
+                                 "--slots", str(self.slots), *(["--limits", "1"] if self.limits else [])],
+                                stdout=log, stderr=log)
 
     def start_workers(self) -> None:
         self.workers = [self.start_worker(i) for i in range(self.worker_count)]
@@ -211,9 +253,25 @@ async def call(clients: list[Client], what: str, fn, deadline: float):
             await asyncio.sleep(min(0.1 * attempt, 1.0))
 
 
-async def submit(clients: list[Client], steps: int, window: float, deadline: float) -> tuple[int, int]:
+async def set_limit(address: str, max_running: int) -> None:
+    """The limit of --limits, through the Limits service: `max_running` steps of KIND per tenant."""
+    import grpc
+    from google.protobuf.json_format import ParseDict
+
+    from cyclone_proto import limits_pb2, limits_pb2_grpc
+    limit = ParseDict({"name": "tenants", "max_running": max_running, "kinds": [KIND], "key_path": "input.tenant"},
+                      limits_pb2.Limit())
+    async with grpc.aio.insecure_channel(address) as channel:
+        await limits_pb2_grpc.LimitsStub(channel).SetLimit(limits_pb2.SetLimitRequest(limit=limit), timeout=10)
+
+
+async def submit(clients: list[Client], steps: int, window: float, deadline: float,
+                 tenants: int = 0) -> tuple[int, int]:
     """About half the steps as jobs (EnqueueMany, JOB_BATCH a call), half as DAG runs, paced
-    over `window` seconds; returns (jobs, dag runs)."""
+    over `window` seconds; returns (jobs, dag runs). With `tenants`, each input names one."""
+    def inp(i: int) -> dict:
+        return {"i": i, "tenant": f"t{i % tenants}"} if tenants else {"i": i}
+
     await call(clients, "register", lambda c: c.register(DAG), deadline)
     jobs = steps // 2 // JOB_BATCH * JOB_BATCH
     dags = (steps - jobs) // DAG_STEPS
@@ -223,11 +281,11 @@ async def submit(clients: list[Client], steps: int, window: float, deadline: flo
     for n, (what, i) in enumerate(units):
         await asyncio.sleep(max(0.0, t0 + window * n / len(units) - time.monotonic()))
         if what == "jobs":
-            batch = [Job(KIND, {"i": i * JOB_BATCH + k}, idempotency_key=f"job-{i * JOB_BATCH + k}", **JOB_OPTIONS)
+            batch = [Job(KIND, inp(i * JOB_BATCH + k), idempotency_key=f"job-{i * JOB_BATCH + k}", **JOB_OPTIONS)
                      for k in range(JOB_BATCH)]
             await call(clients, f"jobs batch {i}", lambda c, b=batch: c.enqueue_many(b), deadline)
         else:
-            await call(clients, f"dag run {i}", lambda c, i=i: c.submit("chaos_dag", {"i": i},
+            await call(clients, f"dag run {i}", lambda c, i=i: c.submit("chaos_dag", inp(i),
                                                                         idempotency_key=f"dag-{i}"), deadline)
     return jobs, dags
 
@@ -315,11 +373,23 @@ async def verdict(url: str, log_dir: Path, jobs: int, dags: int, cluster: Cluste
     }
 
 
+def read_running(log_dir: Path) -> dict[str, int]:
+    """The most handlers of each tenant the workers saw running at once (--limits)."""
+    most: dict[str, int] = collections.defaultdict(int)
+    for f in log_dir.glob("running-*.log"):
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                most[parts[0]] = max(most[parts[0]], int(parts[1]))
+    return dict(most)
+
+
 def report(v: dict, args: argparse.Namespace, cluster: Cluster, jobs: int, dags: int, elapsed: float,
            finished: bool) -> bool:
     hist = lambda h: ", ".join(f"{k}: {h[k]}" for k in sorted(h))  # noqa: E731
+    most = read_running(cluster.log_dir) if args.limits else {}
     ok = finished and v["runs_not_completed"] == 0 and v["steps_not_completed"] == 0 and not v["wrong"] \
-        and v["beyond"] == 0
+        and v["beyond"] == 0 and all(n <= args.limits for n in most.values())
     rows = [
         ("submitted", f"{v['expected_steps']} steps: {jobs} jobs, {dags} DAG runs of {DAG_STEPS} steps"),
         ("chaos", f"{cluster.kills['worker']} worker SIGKILLs, {cluster.kills['server']} server SIGKILL, "
@@ -335,15 +405,20 @@ def report(v: dict, args: argparse.Namespace, cluster: Cluster, jobs: int, dags:
                               f"{v['repeated']} attempts ran again after a lost lease"),
         ("executions per step", hist(v["exec_hist"])),
         ("reclaims per step", hist(v["reclaim_hist"])),
-        ("verdict", "OK: 0 lost, 0 wrong" if ok else "FAILED"),
+        ("verdict", "OK: 0 lost, 0 wrong" + (f", no tenant above {args.limits}" if args.limits else "")
+         if ok else "FAILED"),
     ]
+    if args.limits:
+        rows.insert(-1, (f"most running at once per tenant (limit {args.limits})",
+                         ", ".join(f"{t}: {most[t]}" for t in sorted(most)) or "none logged"))
     if args.failover:
         first = "no step completed after it" if v["recovery"] is None else \
             f"first step completed {v['recovery']:.2f} s after the promotion"
         rows.insert(2, ("failover", f"promote took {cluster.promote_s:.2f} s; {first}"))
     width = max(len(r[0]) for r in rows)
     print(f"\nsteps={args.steps} workers={args.workers} slots={args.slots} duration={args.duration} "
-          f"seed={args.seed} failover={args.failover} cores={os.cpu_count()}")
+          f"seed={args.seed} failover={args.failover} limits={args.limits} tenants={args.tenants} "
+          f"cores={os.cpu_count()}")
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     for w in v["wrong"][:10]:
@@ -366,15 +441,18 @@ async def run(args: argparse.Namespace, workdir: Path) -> bool:
                 c.execute("CREATE DATABASE chaos")
             url = pg.url("chaos")
         migrate(url)
-        cluster = Cluster(workdir, pg, url, args.workers, args.slots)
+        cluster = Cluster(workdir, pg, url, args.workers, args.slots, limits=bool(args.limits))
         try:
             await cluster.start_server(0)
             await cluster.start_server(1)
+            if args.limits:
+                await set_limit(cluster.addresses[0], args.limits)
             cluster.start_workers()
             note(f"postgres, 2 servers ({', '.join(cluster.addresses)}) and {args.workers} workers up")
             async with Client(cluster.addresses[0], rpc_timeout=10) as c0, \
                     Client(cluster.addresses[1], rpc_timeout=10) as c1:
-                load = asyncio.create_task(submit([c0, c1], args.steps, 0.6 * args.duration, deadline))
+                load = asyncio.create_task(submit([c0, c1], args.steps, 0.6 * args.duration, deadline,
+                                                  args.tenants if args.limits else 0))
                 await chaos(cluster, args.duration, rng, args.failover)
                 jobs, dags = await load
             note(f"chaos over; waiting for {jobs + dags} runs to end")
@@ -405,11 +483,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--failover", action="store_true",
                     help="a primary + synchronous standby; at 50%% crash the primary and promote the standby")
+    ap.add_argument("--limits", type=int, default=0, metavar="N",
+                    help="flow control: a limit of N running steps per tenant, checked by the workers")
+    ap.add_argument("--tenants", type=int, default=4, help="tenants of --limits")
     ap.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # internal: run one worker process
     ap.add_argument("--log-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker_main(args.worker, args.log_dir, args.slots)
+        worker_main(args.worker, args.log_dir, args.slots, limits=bool(args.limits))
         return
     workdir = Path(tempfile.mkdtemp(prefix="cyclone-chaos-"))
     signal.signal(signal.SIGALRM, _overall_timeout)
