@@ -79,6 +79,7 @@ class Dispatcher:
         # (`new_work`: an announcement of this engine, a NOTIFY of another server or of a
         # freed limit slot) or the IDLE_POLL safety net, not on every freed worker slot.
         self._held: set[str] = set()
+        self._news = 0  # calls of new_work: a pass holds no kind if new work came while it looked
 
     def wake(self) -> None:
         self._event.set()
@@ -86,6 +87,7 @@ class Dispatcher:
     def new_work(self) -> None:
         """Steps may have become claimable (what and where is unknown): held kinds are looked at again."""
         self._held.clear()
+        self._news += 1
         self._event.set()
 
     def unpace(self) -> None:
@@ -126,7 +128,8 @@ class Dispatcher:
                 async with asyncio.timeout(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL)):
                     await self._event.wait()
             except TimeoutError:
-                self._held.clear()  # the safety net: a wake-up lost with a LISTEN connection
+                if self._due_in is None or self._due_in >= IDLE_POLL:  # the safety net, not a due timer:
+                    self._held.clear()    # a wake-up lost with a LISTEN connection
             if self._stopping:
                 await self._deliveries()
                 return
@@ -176,6 +179,7 @@ class Dispatcher:
         of new jobs is worth waiting for: any other work ends every pace at once
         (`unpace`), and a worker with a backlog is never paced."""
         began = time.monotonic()
+        news = self._news
         everyone = self.conns()
         # Owed a pass at its pace's end: every worker this pass skips for its pace, also one
         # with no free slot now (an Enqueue's claim or a quiet after a hand-back may hold
@@ -220,7 +224,7 @@ class Dispatcher:
         waits = [max(min(paced) - time.monotonic(), MIN_PACE_WAIT)] if paced else []
         waiting = sorted({k for c in conns if c.free_slots > 0 for k in c.kinds} & exhausted)
         due = await self.engine.next_due(waiting) if waiting else None
-        if waiting and due is None:  # nothing due for them until new work comes
+        if waiting and due is None and news == self._news:  # nothing due for them until new work comes
             self._held.update(waiting)
         if due is not None and due <= 0.0:  # claimable now, yet the claims came up short: locked
             due = min(MIN_DUE_WAIT * 2 ** min(self._locked_passes, 16), MAX_LOCKED_WAIT)

@@ -274,6 +274,39 @@ async def test_delayed_limited_steps_become_claimable_when_due(engine: Engine, c
     assert len(await claim(engine, "k", 5)) == 1
 
 
+async def test_a_limit_of_runs_with_a_rate_counts_each_admission_once(engine: Engine, conn) -> None:
+    await engine.set_limit(limit("runs2", scope="runs", workflows=["wf"], rate=2, period=60))
+    await engine.register_workflow("wf", [task("a", kind="k")])
+    for i in range(3):
+        await engine.submit_run("wf", input={"i": i})
+    assert len(await claim(engine, "k", 1)) == 1
+    assert (await fetch_one(conn, "SELECT count(*) AS n FROM cyclone_limit_starts"))["n"] == 1
+    assert len(await claim(engine, "k", 10)) == 1  # the quota's second start, not none
+
+
+async def test_batches_of_many_keys_in_any_order_never_deadlock(db_url: str, engine: Engine) -> None:
+    """Placing a step in the fair order moves its key's clock (a row locked until commit):
+    EnqueueMany places its jobs key by key, so batches of the same keys in other orders wait
+    for each other instead of deadlocking."""
+    await engine.set_limit(limit("t", kinds=["k"], key_path="tenant"))
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
+    rng = random.Random(7)
+
+    async def batches(e: Engine) -> None:
+        for _ in range(6):
+            tenants = [f"t{i}" for i in range(6)]
+            rng.shuffle(tenants)
+            await jobs(e, "k", [{"tenant": t} for t in tenants for _ in range(3)])
+
+    try:
+        await asyncio.gather(*(batches(e) for e in engines))
+    finally:
+        for e in engines:
+            await e.close()
+    rows = await engine.list_limits()
+    assert sum(k["waiting"] for k in rows[0]["keys"]) == 6 * 6 * 18
+
+
 # -- strategies ------------------------------------------------------------------------------
 
 

@@ -136,6 +136,17 @@ BEGIN
     RETURN v;
 END $$;
 
+-- Lock the clocks of these keys (creating those not yet there) in token order: a transaction
+-- that places steps of several keys takes them in the order every other one does.
+CREATE OR REPLACE FUNCTION cyclone__fair_keys_lock(p_tokens text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO cyclone_fair_keys (token, vclock)
+    SELECT DISTINCT t, 0.0 FROM unnest(p_tokens) AS t WHERE t IS NOT NULL ORDER BY 1
+    ON CONFLICT (token) DO NOTHING;
+    PERFORM 1 FROM cyclone_fair_keys WHERE token = ANY (p_tokens) ORDER BY token FOR UPDATE;
+END $$;
+
 -- A limited step entering available (or getting its tokens while available): its place in
 -- the fair order if it is due now, else NULL until a claim finds it due (cyclone__limits_pick).
 CREATE OR REPLACE FUNCTION cyclone__fair_place() RETURNS trigger
@@ -176,7 +187,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     r cyclone_runs;
 BEGIN
-    SELECT * INTO r FROM cyclone_runs WHERE id = p_run_id FOR NO KEY UPDATE;
+    -- Without waiting: the caller holds a key's lock, and a transaction holding this run's
+    -- lock (a result) may be waiting for that key (cyclone__step_enter). A run held so is
+    -- left as it is: its step is being answered.
+    SELECT * INTO r FROM cyclone_runs WHERE id = p_run_id FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND OR r.state NOT IN ('running', 'paused') THEN
         RETURN false;
     END IF;
@@ -223,7 +237,7 @@ BEGIN
         RETURN;
     END IF;
     -- Runs first: a limit of whole runs.
-    SELECT r.limit_keys INTO rt FROM cyclone_runs r WHERE r.id = p_run_id;
+    SELECT ARRAY(SELECT x FROM unnest(r.limit_keys) AS x ORDER BY x) INTO rt FROM cyclone_runs r WHERE r.id = p_run_id;
     FOREACH t IN ARRAY COALESCE(rt, '{}') LOOP
         SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
         CONTINUE WHEN NOT FOUND OR l.strategy = 'queue';
@@ -263,7 +277,7 @@ BEGIN
               WHERE x.state = 'available' AND x.limit_keys IS NOT NULL
               ORDER BY a.ord LOOP
         later := p_later || p_step_ids[s.ord + 1:];
-        FOREACH t IN ARRAY s.limit_keys LOOP
+        FOREACH t IN ARRAY ARRAY(SELECT x FROM unnest(s.limit_keys) AS x ORDER BY x) LOOP  -- keys in one order
             SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
             CONTINUE WHEN NOT FOUND OR l.strategy = 'queue' OR l.scope <> 'steps';
             k := cyclone__token_key(t);
@@ -356,16 +370,20 @@ DECLARE
     chunk integer := greatest(p_limit * 2, 16);
     ok boolean;
     clock timestamptz;
+    due uuid[];
 BEGIN
-    -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at).
-    UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
-     WHERE s.id = ANY (ARRAY(
-               SELECT x.id FROM cyclone_steps x
-                WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
-                  AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
-                ORDER BY x.scheduled_at LIMIT 1000
-                  FOR UPDATE SKIP LOCKED))
-       AND s.state = (SELECT 'available'::text);
+    -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at),
+    -- their keys' clocks locked first in token order (cyclone__fair_keys_lock).
+    due := ARRAY(SELECT x.id FROM cyclone_steps x
+                  WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
+                    AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
+                  ORDER BY x.scheduled_at LIMIT 1000
+                    FOR UPDATE SKIP LOCKED);
+    IF cardinality(due) > 0 THEN
+        PERFORM cyclone__fair_keys_lock(ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due)));
+        UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
+         WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text);
+    END IF;
 
     SELECT array_agg(c.id ORDER BY c.priority, c.fair_at, c.id),
            array_agg(c.run_id ORDER BY c.priority, c.fair_at, c.id),
@@ -501,7 +519,7 @@ BEGIN
     RETURN QUERY SELECT c_ids[x.i], c_pri[x.i], c_sched[x.i] FROM unnest(chosen) AS x (i);
 END $$;
 
--- The claim took these limited steps (now running): their starts count against their rates,
+-- The claim took these limited steps (now running; called after its UPDATE): their starts count against their rates,
 -- their runs hold the slots of the limits of runs, and the kinds' virtual time moves on to
 -- the furthest fair place taken (cyclone__fair_at). Runs once per claim.
 CREATE OR REPLACE FUNCTION cyclone__limits_take(p_ids uuid[]) RETURNS void
@@ -517,6 +535,8 @@ BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
+    -- Only the steps the claim's UPDATE took (one taken meanwhile by another path is not a start).
+    p_ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (p_ids) AND s.state = 'running');
     WITH newly AS (
         UPDATE cyclone_runs r SET limit_admitted = true
          WHERE r.id = ANY (ARRAY(SELECT s.run_id FROM cyclone_steps s WHERE s.id = ANY (p_ids)))
@@ -524,12 +544,12 @@ BEGIN
         RETURNING r.limit_keys)
     INSERT INTO cyclone_limit_starts (limit_name, key, at)
     SELECT l.name, cyclone__token_key(u.t), clock
-      FROM (SELECT t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t WHERE s.id = ANY (p_ids)
+      -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
+      FROM (SELECT t, 'steps' AS scope FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t
+             WHERE s.id = ANY (p_ids)
              UNION ALL
-            SELECT t FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
-      JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL
-     -- A step's token of a limit of runs counts in the run's start (newly), not its own.
-     WHERE l.scope = 'steps' OR u.t IN (SELECT t FROM newly n CROSS JOIN unnest(n.limit_keys) AS t);
+            SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
+      JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope;
     FOR c IN SELECT s.kind, max(s.fair_at) AS at FROM cyclone_steps s
               WHERE s.id = ANY (p_ids) AND s.fair_at IS NOT NULL GROUP BY s.kind ORDER BY s.kind LOOP
         INSERT INTO cyclone_fair_clocks (kind, vt) VALUES (c.kind, c.at) ON CONFLICT (kind) DO NOTHING;

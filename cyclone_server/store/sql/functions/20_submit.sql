@@ -122,9 +122,14 @@ LANGUAGE sql AS $$
     WITH lim AS MATERIALIZED (
         SELECT EXISTS (SELECT 1 FROM cyclone_limits) AS any
     ), j AS MATERIALIZED (
-        SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, cyclone_uuid7() AS rid, cyclone_uuid7() AS sid
-          FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
-         ORDER BY t.ord),
+        SELECT x.*, CASE WHEN lim.any OR jsonb_typeof(x.n -> 'limits') = 'array'
+                         THEN cyclone__step_tokens(x.n, COALESCE(x.e -> 'input', 'null'::jsonb), NULL) END AS toks
+          FROM (SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, cyclone_uuid7() AS rid,
+                       cyclone_uuid7() AS sid
+                  FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
+                 ORDER BY t.ord) x
+         CROSS JOIN lim
+         ORDER BY x.i),
     runs AS (
         INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
                                   idempotency_key, request_hash, deadline_at, parent_run_id,
@@ -153,9 +158,10 @@ LANGUAGE sql AS $$
                j.n ->> 'signal',
                j.n ->> 'workflow',
                make_interval(secs => (j.n ->> 'max_wait')::float8),
-               CASE WHEN lim.any OR jsonb_typeof(j.n -> 'limits') = 'array'
-                    THEN cyclone__step_tokens(j.n, COALESCE(j.e -> 'input', 'null'::jsonb), NULL) END
-          FROM j CROSS JOIN lim ORDER BY j.i)
+               j.toks
+          -- By the key that places each step in the fair order, then in array order: the
+          -- keys' clocks (cyclone__fair_at) are then locked in one order by every batch.
+          FROM j ORDER BY j.toks[1] NULLS FIRST, j.i)
     SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i
 $$;
 

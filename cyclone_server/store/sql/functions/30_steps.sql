@@ -81,7 +81,6 @@ BEGIN
         SELECT COALESCE(array_agg(p.id), '{}') INTO limited FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || limited)
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
-        PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)));
     END IF;
 
     RETURN QUERY
@@ -105,6 +104,9 @@ BEGIN
       FROM claimed c
      CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
      ORDER BY c.priority, c.scheduled_at, c.id;
+    IF cardinality(limited) > 0 THEN  -- the starts and admissions of the limited steps claimed
+        PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)));
+    END IF;
 END $$;
 
 -- The dispatcher's claim: cyclone_steps_claim's rows as a Lease carries them (ids as text,
