@@ -5,12 +5,13 @@ ends a lease, rate limits, strategies, limits of whole runs, fair dispatch, and 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from engine_helpers import expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task, violations
+from engine_helpers import eventually, expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task, violations
 
 from cyclone_server import definitions, limit_spec
 from cyclone_server.errors import InvalidArgument, NotFound
@@ -188,6 +189,27 @@ async def test_a_limit_created_for_a_kind_holds_its_queue_and_counts_its_running
     assert len(await claim(engine, "late", 1)) == 1
     await engine.set_limit(limit("late", max_running=2, kinds=["late"], key_path="tenant"))
     assert len(await claim(engine, "late", 5)) == 1  # the one running already counts
+
+
+async def test_a_limit_set_while_an_enqueue_is_in_flight_applies_to_its_jobs(engine: Engine, db_url: str,
+                                                                             conn) -> None:
+    """The enqueue read no limit; SetLimit waits for it to commit, and its backfill then sees its jobs."""
+    import psycopg
+    node = definitions.normalize_job("k", {})
+    async with await psycopg.AsyncConnection.connect(db_url) as t1:
+        await t1.execute("SELECT * FROM cyclone_jobs_enqueue(%s::jsonb)",
+                         [json.dumps([{"node": node, "input": i} for i in range(3)])])
+        setting = asyncio.create_task(engine.set_limit(limit("late", max_running=1, kinds=["k"])))
+
+        async def set_limit_waits() -> bool:
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' "
+                                        "AND NOT granted")
+            return row["n"] == 1
+        await eventually(set_limit_waits)
+        assert not setting.done()
+        await t1.commit()
+        await asyncio.wait_for(setting, 10)
+    assert len(await claim(engine, "k", 5)) == 1
 
 
 async def test_a_node_consumes_the_limits_it_names_under_keys_from_the_input(engine: Engine, conn) -> None:

@@ -431,12 +431,13 @@ DECLARE
     sid uuid;
     any_available boolean;
     any_child boolean;
-    limited boolean := EXISTS (SELECT 1 FROM cyclone_limits)
-                       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_nodes) n
-                                   WHERE jsonb_typeof(n -> 'limits') = 'array');
+    limited boolean;
     run_tokens text[];
     arrived uuid[];
 BEGIN
+    PERFORM cyclone__limits_read_lock();  -- before the limits are read (15_limits.sql)
+    limited := EXISTS (SELECT 1 FROM cyclone_limits)
+               OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_nodes) n WHERE jsonb_typeof(n -> 'limits') = 'array');
     -- The limits the run and its steps consume, under their keys (docs/flow-control.md).
     IF limited THEN
         run_tokens := cyclone__run_tokens(p_workflow, COALESCE(p_input, 'null'::jsonb));

@@ -22,6 +22,17 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT substr(p_token, strpos(p_token, chr(31)) + 1
 CREATE OR REPLACE FUNCTION cyclone__rate_window(p_period interval) RETURNS interval
 LANGUAGE sql IMMUTABLE AS $$ SELECT p_period + least(p_period / 100, interval '50 milliseconds') $$;
 
+-- Submits and SetLimit take turns: a submit works out its steps' tokens from the limits it
+-- sees, and SetLimit's backfill cannot see the steps of a submit not yet committed. So every
+-- submit and enqueue holds this lock shared from before it reads the limits until it
+-- commits, and SetLimit holds it alone (cyclone__limits_settle_lock); submits never wait
+-- for each other.
+CREATE OR REPLACE FUNCTION cyclone__limits_read_lock() RETURNS void
+LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock_shared(hashtextextended('cyclone.limits', 0)) $$;
+
+CREATE OR REPLACE FUNCTION cyclone__limits_settle_lock() RETURNS void
+LANGUAGE sql AS $$ SELECT pg_advisory_xact_lock(hashtextextended('cyclone.limits', 0)) $$;
+
 -- The key a run input gives: the scalar at p_path (a string as itself, a number or a
 -- boolean as its JSON text), or p_const when p_path is NULL. p_where names the declaration
 -- in errors.
@@ -687,6 +698,7 @@ DECLARE
     created boolean;
     l cyclone_limits;
 BEGIN
+    PERFORM cyclone__limits_settle_lock();  -- in-flight submits commit first; the backfill sees their steps
     IF EXISTS (SELECT 1 FROM cyclone_limits WHERE name = p ->> 'name' AND scope <> p ->> 'scope') THEN
         RAISE EXCEPTION 'limit.scope: limit "%" exists with scope %: a scope cannot change (delete the limit first)',
             p ->> 'name', (SELECT scope FROM cyclone_limits WHERE name = p ->> 'name') USING ERRCODE = 'CY400';

@@ -187,6 +187,7 @@ DECLARE
     run_ids uuid[];
     step_ids uuid[];
 BEGIN
+    PERFORM cyclone__limits_read_lock();  -- before the limits are read (15_limits.sql)
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_jobs) AS e
                     WHERE e ->> 'idempotency_key' IS NOT NULL
                        OR e -> 'node' ->> 'type' IS DISTINCT FROM 'task'
