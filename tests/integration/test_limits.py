@@ -80,6 +80,20 @@ async def test_a_key_at_its_limit_costs_the_other_keys_nothing(engine: Engine, c
         assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 10 * 4 + 64, (text, nodes)
 
 
+async def test_one_kinds_held_backlog_does_not_hide_anothers_claimable_step(engine: Engine) -> None:
+    """Each kind's fair places count from its own virtual time: a worker of two limited kinds
+    sees the one that has room, however long the other's held backlog."""
+    await engine.set_limit(limit("x", kinds=["x"], key_path="n"))
+    await engine.set_limit(limit("y", max_running=1, kinds=["y"]))
+    await jobs(engine, "x", [{"n": i % 3} for i in range(600)])
+    for lease in await claim(engine, "x", 599):  # x's virtual time moves far ahead (to about 200)
+        await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    await jobs(engine, "y", list(range(100)))
+    assert len(await claim(engine, "y", 1)) == 1  # y at its cap: 99 held, at places 1 to 99
+    got = await engine.claim("w", ["x", "y"], 1, 30)
+    assert [lease["kind"] for lease in got] == ["x"]
+
+
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
     await engine.set_limit(limit("one", max_running=1, kinds=["held"]))
     await jobs(engine, "held", [1, 2, 3])

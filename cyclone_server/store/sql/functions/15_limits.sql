@@ -402,14 +402,19 @@ BEGIN
            array_agg(c.priority ORDER BY c.priority, c.fair_at, c.id),
            array_agg(c.scheduled_at ORDER BY c.priority, c.fair_at, c.id)
       INTO c_ids, c_runs, c_toks, c_pri, c_sched
-      FROM (SELECT w.* FROM unnest(p_kinds) AS k (kind)
+      -- Each kind has its own virtual time: kinds are merged by how far each step stands
+      -- from its kind's (fair_at - vt), so one kind's held backlog does not hide another's.
+      FROM (SELECT w.id, w.run_id, w.limit_keys, w.priority, w.fair_at - COALESCE(v.vt, 0.0) AS fair_at,
+                   w.scheduled_at
+              FROM unnest(p_kinds) AS k (kind)
              CROSS JOIN LATERAL (
                 SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at FROM cyclone_steps s
                  WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
                    AND s.kind = k.kind
                  ORDER BY s.priority, s.fair_at, s.id
                  LIMIT p_limit * 4 + 64) w
-             ORDER BY w.priority, w.fair_at, w.id
+              LEFT JOIN cyclone_fair_clocks v ON v.kind = k.kind
+             ORDER BY w.priority, w.fair_at - COALESCE(v.vt, 0.0), w.id
              LIMIT p_limit * 4 + 64) c;
     IF c_ids IS NULL THEN
         RETURN;
