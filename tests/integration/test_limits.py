@@ -463,6 +463,18 @@ async def test_a_limit_of_runs_admits_runs_per_key_until_they_end(engine: Engine
     assert [str(x["run_id"]) for x in await engine.claim("w", ["a"], 5, 30)] == [r2]
 
 
+async def test_a_step_of_a_run_holding_its_slot_is_due_though_the_key_is_full(engine: Engine) -> None:
+    """next_due agrees with the claim: the key of a limit of runs is full, but the run of this
+    step holds one of its slots, so the step is due now (not parked until new work)."""
+    await engine.register_workflow("pipeline", [task("a"), task("b", "a")])
+    await engine.set_limit(limit("pipes", scope="runs", max_running=1, workflows=["pipeline"]))
+    r1, _ = await engine.submit_run("pipeline")
+    [a] = await engine.claim("w", ["a"], 5, 30)
+    await engine.complete(str(a["step_id"]), a["lease_generation"], None)  # b of r1 is available
+    due = await engine.next_due(["b"])
+    assert due is not None and due <= 0.0
+
+
 async def fetch_run_lease(engine: Engine, run_id: str, node: str) -> tuple[str, int]:
     step = next(s for s in (await engine.get_run(run_id))["steps"] if s["node"] == node)
     return str(step["id"]), step["lease_generation"]

@@ -598,7 +598,9 @@ BEGIN
                             AND s.kind = k.kind
                           ORDER BY s.scheduled_at LIMIT 1) n;
     WITH c AS (
-        SELECT w.id, w.run_id, w.limit_keys FROM unnest(p_kinds) AS k (kind)
+        SELECT w.id, w.run_id, w.limit_keys,
+               (SELECT r.limit_admitted FROM cyclone_runs r WHERE r.id = w.run_id) AS admitted
+          FROM unnest(p_kinds) AS k (kind)
          CROSS JOIN LATERAL (
             SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at FROM cyclone_steps s
              WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
@@ -619,7 +621,7 @@ BEGIN
            AND x.t = ANY ((SELECT ts FROM toks)::text[])
          GROUP BY x.t
     ), state AS (
-        SELECT x.t,
+        SELECT x.t, l.scope,
                CASE WHEN l.name IS NULL THEN 0.0
                     WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(
                          (SELECT u.n FROM used u WHERE u.t = x.t AND u.scope = l.scope), 0) THEN NULL
@@ -634,11 +636,13 @@ BEGIN
                     ELSE 0.0 END AS due
           FROM (SELECT unnest(ts) AS t FROM toks) x LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
     )
-    -- A step is due when all its keys are: the latest of its keys' times.
+    -- A step is due when all its keys are: the latest of its keys' times. A key of a limit of
+    -- runs does not hold a step whose run holds its slot already (as in cyclone__limits_pick).
     SELECT min(m.due) INTO best
-      FROM (SELECT max(st.due) AS due, bool_or(st.due IS NULL) AS never
-              FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok) JOIN state st ON st.t = u.tok
-             GROUP BY c.id) m
+      FROM (SELECT max(d.due) AS due, bool_or(d.due IS NULL) AS never
+              FROM (SELECT c.id, CASE WHEN st.scope = 'runs' AND c.admitted THEN 0.0 ELSE st.due END AS due
+                      FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok) JOIN state st ON st.t = u.tok) d
+             GROUP BY d.id) m
      WHERE NOT m.never;
     RETURN least(best, extract(epoch FROM later - now())::float8);
 END $$;
