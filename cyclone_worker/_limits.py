@@ -7,7 +7,7 @@ import builtins
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cyclone_proto import limits_pb2, limits_pb2_grpc
 from ._models import _time, enum_name
@@ -155,9 +155,9 @@ class LimitCalls:
     """The Limits calls of `Client` (a part of it: `_call` is the Client's). SetLimit and
     DeleteLimit need the admin role, GetLimit and ListLimits the submit role."""
 
-    async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None,
-                    trace: Any = None) -> Any:
-        raise NotImplementedError  # Client._call
+    if TYPE_CHECKING:  # Client's own, which this part of it calls
+        async def _call(self, stub_cls: Any, method: str, request: Any, timeout: float | None = None,
+                        trace: Any = None) -> Any: ...
 
     async def set_limit(self, name: str, *, max_running: int | None = None, rate: int | None = None,
                         period: Seconds | None = None, strategy: str = "queue", scope: str = "steps",
