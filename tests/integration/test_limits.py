@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -92,6 +93,41 @@ async def test_one_kinds_held_backlog_does_not_hide_anothers_claimable_step(engi
     assert len(await claim(engine, "y", 1)) == 1  # y at its cap: 99 held, at places 1 to 99
     got = await engine.claim("w", ["x", "y"], 1, 30)
     assert [lease["kind"] for lease in got] == ["x"]
+
+
+async def test_a_free_key_behind_a_window_of_held_steps_is_claimed(engine: Engine, conn) -> None:
+    """One key's held backlog fills the claim's window (here at a higher priority, so the fair
+    order cannot interleave it): a step of a free key further back is still claimed, and
+    next_due says it is due rather than leaving idle workers waiting for new work."""
+    await engine.set_limit(limit("tenants", max_running=1, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(300)], priority=-1)
+    assert tenants_of(await claim(engine, "k", 5)) == ["big"]  # its cap: 299 held at the front
+    await jobs(engine, "k", [{"tenant": "small"}])
+    assert await engine.next_due(["k"]) <= 0.0
+    await conn.execute("ANALYZE cyclone_steps")
+    plans = await nested_plans(conn, "SELECT input FROM cyclone_steps_claim('w', ARRAY['k'], 5, '30 s')",
+                               analyze=True)
+    claimed = await fetch(conn, "SELECT r.input ->> 'tenant' AS t FROM cyclone_steps s JOIN cyclone_runs r "
+                                "ON r.id = s.run_id WHERE s.state = 'running' ORDER BY 1")
+    assert [r["t"] for r in claimed] == ["big", "small"]
+    for text, plan in plans:  # the window, then one probe per key: never the held backlog
+        nodes = plan_nodes(plan)
+        assert max(n["Actual Rows"] * n["Actual Loops"] for n in nodes) <= 5 * 4 + 64, (text, nodes)
+    assert await engine.next_due(["k"]) is None
+
+
+async def test_a_heavy_weight_key_at_its_cap_does_not_hide_a_light_one(engine: Engine) -> None:
+    """A weight of 1,000 places a key's steps a thousandth apart: hundreds of them stand before
+    the next step of a weight-1 key. When the heavy key is at its cap, the light one still runs."""
+    await engine.set_limit(limit("tenants", max_running=2, kinds=["k"], key_path="tenant",
+                                 weights={"gold": 1000}))
+    await jobs(engine, "k", [{"tenant": "gold"}] * 400 + [{"tenant": "std"}] * 2)
+    first = await claim(engine, "k", 3)
+    assert Counter(tenants_of(first)) == {"gold": 2, "std": 1}  # gold at its cap of 2
+    std = next(lease for lease in first if lease["input"]["tenant"] == "std")
+    assert await engine.complete(str(std["step_id"]), std["lease_generation"], None) == "applied"
+    # std's second step stands at fair place 1.0, behind 398 held steps of gold (0.002 to 0.399).
+    assert tenants_of(await claim(engine, "k", 10)) == ["std"]
 
 
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
@@ -244,21 +280,46 @@ async def test_a_node_consumes_the_limits_it_names_under_keys_from_the_input(eng
 # -- rate limits ---------------------------------------------------------------------------
 
 
-async def test_a_rate_limit_allows_its_quota_per_window_and_says_when_the_next_start_is_due(engine: Engine,
-                                                                                           conn) -> None:
-    await engine.set_limit(limit("rps", rate=3, period=1.0, kinds=["call"]))
-    await jobs(engine, "call", list(range(7)))
+async def test_a_rate_limit_spreads_its_quota_over_the_window_and_says_when_the_next_start_is_due(
+        engine: Engine, conn) -> None:
+    """20 starts per second: a burst of at most 2, then a start every 1/20 of the window
+    (cyclone__rate_left), never more than 20 in the window, whatever the claims ask; next_due
+    says when the next start is allowed."""
+    await engine.set_limit(limit("rps", rate=20, period=1.0, kinds=["call"]))
+    await jobs(engine, "call", list(range(30)))
     first = await claim(engine, "call", 10)
-    assert [x["input"] for x in first] == [0, 1, 2]
+    assert [x["input"] for x in first] == [0, 1]
     for lease in first:  # finishing does not give starts back: the window does
         await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
     assert await claim(engine, "call", 10) == []
+    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
+    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
+    assert held_by.startswith('limit rps key "": 2/20 starts per 1 s, paced at one per 0.051 s, the next in 0.0'), held_by
+    window = 1.01  # the period and its margin (cyclone__rate_window)
+    pace = window / 20
     due = await engine.next_due(["call"])
-    assert due is not None and 0.0 < due <= 1.01  # the period and its margin (cyclone__rate_window)
-    await asyncio.sleep(due + 0.05)  # the window the database says, not a guess
-    assert [x["input"] for x in await claim(engine, "call", 10)] == [3, 4, 5]
-    starts = await fetch(conn, "SELECT at FROM cyclone_limit_starts ORDER BY at")
-    assert len(starts) >= 3
+    assert due is not None and 0.0 < due <= pace
+    got = [x["input"] for x in first]
+    while len(got) < 20:
+        await asyncio.sleep(max(await engine.next_due(["call"]), 0.0) + 0.005)  # when the database says
+        taken = await claim(engine, "call", 10)
+        assert 1 <= len(taken) <= 2
+        got += [x["input"] for x in taken]
+    assert got == list(range(20))
+    assert await claim(engine, "call", 10) == []
+    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
+    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
+    assert re.fullmatch(r'limit rps key "": 20/20 starts per 1 s, the next in \d\.\d s', held_by), held_by
+    starts = [r["at"] for r in await fetch(conn, "SELECT at FROM cyclone_limit_starts ORDER BY at")]
+    assert len(starts) == 20
+    for i in range(len(starts)):  # the pace: at most the burst and one per pace in any span
+        for j in range(i, len(starts)):
+            assert j - i + 1 <= 2 + (starts[j] - starts[i]).total_seconds() / pace + 1e-6, (i, j, starts)
+    # The 21st start waits at least for the first to leave the whole window.
+    due = await engine.next_due(["call"])
+    assert due >= (starts[0] - starts[-1]).total_seconds() + window - 0.05
+    await asyncio.sleep(due + 0.005)
+    assert [x["input"] for x in await claim(engine, "call", 10)][:1] == [20]
 
 
 async def test_a_concurrency_limit_at_its_cap_is_not_due_until_a_slot_frees(engine: Engine) -> None:
@@ -311,8 +372,8 @@ async def test_delayed_limited_steps_become_claimable_when_due(engine: Engine, c
 
 
 async def test_a_limit_of_runs_with_a_rate_counts_each_admission_once(engine: Engine, conn) -> None:
-    await engine.set_limit(limit("runs2", scope="runs", workflows=["wf"], rate=2, period=60))
-    await engine.register_workflow("wf", [task("a", kind="k")])
+    await engine.set_limit(limit("runs2", scope="runs", workflows=["wf"], rate=10, period=60))
+    await engine.register_workflow("wf", [task("a", kind="k")])  # a burst of 2 admissions
     for i in range(3):
         await engine.submit_run("wf", input={"i": i})
     assert len(await claim(engine, "k", 1)) == 1
@@ -461,6 +522,30 @@ async def test_a_limit_of_runs_admits_runs_per_key_until_they_end(engine: Engine
     b = (await fetch_run_lease(engine, r1, "b"))
     await engine.complete(b[0], b[1], None)
     assert [str(x["run_id"]) for x in await engine.claim("w", ["a"], 5, 30)] == [r2]
+
+
+async def test_a_limit_of_runs_counts_active_runs_not_their_running_steps(engine: Engine) -> None:
+    """A run's steps carry its limit of runs too; the slots are the admitted runs alone."""
+    await engine.register_workflow("one", [task("a")])
+    await engine.set_limit(limit("two", scope="runs", max_running=2, workflows=["one"]))
+    runs = [(await engine.submit_run("one", input={"i": i}))[0] for i in range(3)]
+    got = await engine.claim("w", ["a"], 5, 30)
+    assert sorted(str(x["run_id"]) for x in got) == sorted(runs[:2])
+    await engine.complete(str(got[0]["step_id"]), got[0]["lease_generation"], None)  # its run ends
+    assert [str(x["run_id"]) for x in await engine.claim("w", ["a"], 5, 30)] == [runs[2]]
+
+
+async def test_a_run_between_its_steps_holds_its_slot_beside_one_running(engine: Engine) -> None:
+    """Two runs active under a cap of 2: one with a step running, one between its steps. A
+    third is not admitted: the claim counts active runs, not running steps."""
+    await engine.register_workflow("two", [task("a"), task("b", "a")])
+    await engine.set_limit(limit("cap2", scope="runs", max_running=2, workflows=["two"]))
+    runs = [(await engine.submit_run("two", input={"i": i}))[0] for i in range(3)]
+    got = await engine.claim("w", ["a"], 2, 30)
+    assert sorted(str(x["run_id"]) for x in got) == sorted(runs[:2])
+    await engine.complete(str(got[0]["step_id"]), got[0]["lease_generation"], None)  # now between a and b
+    assert await engine.claim("w", ["a"], 5, 30) == []
+    assert await engine.next_due(["a"]) is None
 
 
 async def test_a_step_of_a_run_holding_its_slot_is_due_though_the_key_is_full(engine: Engine) -> None:

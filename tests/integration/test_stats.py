@@ -68,8 +68,11 @@ async def test_view_reads_the_index_not_the_table(conn) -> None:
     # Available steps from the claim index, running ones from the index of running steps
     # (migration 0009), directly or through a bitmap.
     indexes = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name")}
-    assert indexes == {"cyclone_steps_claim_free", "cyclone_steps_claim_fair", "cyclone_steps_claim_later",
-                       "cyclone_steps_running"}, indexes
+    # The limited steps due now are in two indexes of the same rows (the fair order, and by key
+    # for the claim's walk): the planner reads either.
+    fair = indexes & {"cyclone_steps_claim_fair", "cyclone_steps_claim_heads"}
+    assert len(fair) == 1 and indexes - fair == {"cyclone_steps_claim_free", "cyclone_steps_claim_later",
+                                                 "cyclone_steps_running"}, indexes
     rows = await fetch(conn, "SELECT * FROM cyclone_v_kinds ORDER BY kind")
     later = {k: sum(1 for i in range(1, 50001) if i % 5 == k and i % 8 == 0) for k in range(5)}
     assert [(r["kind"], r["available"], r["scheduled"], r["running"]) for r in rows] == [

@@ -514,7 +514,8 @@ type Limit struct {
 	// At most this many running steps (scope STEPS) or active runs (scope RUNS) per key.
 	// 0: no cap.
 	MaxRunning int32 `protobuf:"varint,2,opt,name=max_running,json=maxRunning,proto3" json:"max_running,omitempty"`
-	// At most `rate` starts per key in any window of `period`. 0: no rate.
+	// At most `rate` starts per key in any window of `period`, paced: one per period /
+	// rate, in bursts of at most a twentieth of `rate` (at least 2). 0: no rate.
 	Rate int32 `protobuf:"varint,3,opt,name=rate,proto3" json:"rate,omitempty"`
 	// The window of the rate: 1 second to 1 day. Required with a rate, refused without.
 	Period *durationpb.Duration `protobuf:"bytes,4,opt,name=period,proto3" json:"period,omitempty"`

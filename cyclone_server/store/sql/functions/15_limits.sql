@@ -331,6 +331,45 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The head step of each key (first token) of these kinds, past the keys in p_skip, in the
+-- fair order (kinds merged by distance from their own virtual time), at most p_limit: what a
+-- claim looks at when the first steps of the fair order are all held, so that a free key's
+-- step is never hidden behind a window of held ones (a key with a backlog at a higher
+-- priority, or a heavy weight). A loose scan of cyclone_steps_claim_heads: one probe per key
+-- of the kind with due steps.
+CREATE OR REPLACE FUNCTION cyclone__limits_heads(p_kinds text[], p_skip text[], p_limit integer)
+RETURNS TABLE (id uuid, run_id uuid, limit_keys text[], priority integer, fair_at double precision,
+               scheduled_at timestamptz)
+LANGUAGE sql STABLE
+SET enable_seqscan = off
+AS $$
+    WITH RECURSIVE walk (kind, tok) AS (
+        SELECT k.kind, (SELECT s.limit_keys[1] FROM cyclone_steps s
+                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                           AND s.kind = k.kind
+                         ORDER BY s.limit_keys[1] LIMIT 1)
+          FROM unnest(p_kinds) AS k (kind)
+        UNION ALL
+        SELECT w.kind, (SELECT s.limit_keys[1] FROM cyclone_steps s
+                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                           AND s.kind = w.kind AND s.limit_keys[1] > w.tok
+                         ORDER BY s.limit_keys[1] LIMIT 1)
+          FROM walk w WHERE w.tok IS NOT NULL
+    )
+    SELECT h.id, h.run_id, h.limit_keys, h.priority, h.fair_at - COALESCE(v.vt, 0.0), h.scheduled_at
+      FROM walk w
+     CROSS JOIN LATERAL (
+        SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at FROM cyclone_steps s
+         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+           AND s.kind = w.kind AND s.limit_keys[1] = w.tok
+         ORDER BY s.priority, s.fair_at, s.id LIMIT 1) h
+      LEFT JOIN cyclone_fair_clocks v ON v.kind = w.kind
+     WHERE w.tok IS NOT NULL AND NOT w.tok = ANY (p_skip)
+     ORDER BY h.priority, h.fair_at - COALESCE(v.vt, 0.0), h.id
+     LIMIT p_limit
+$$;
+
+
 -- The limited steps of these kinds that a claim of up to p_limit steps may take now, in
 -- fair order, with the key of every limit they consume locked until the claim commits
 -- (keys another transaction holds are skipped, never waited for). A step is taken only
@@ -339,10 +378,12 @@ END $$;
 -- here) and a start left in the rate's window. The caller records the starts and
 -- admissions of those it claims (cyclone__limits_take).
 --
--- At most p_limit * 4 + 64 due steps are looked at: the fair order interleaves the keys,
--- so the steps of keys at their limit are at most as many as those keys. They are judged
--- in chunks (2 x p_limit, then doubling), and only the keys of a chunk are locked and
--- counted, so a claim locks about the keys it takes.
+-- The first p_limit * 4 + 64 due steps of the fair order are looked at: it interleaves the
+-- keys, so the steps of keys at their limit are usually at most as many as those keys. They
+-- are judged in chunks (2 x p_limit, then doubling), and only the keys of a chunk are locked
+-- and counted, so a claim locks about the keys it takes. If that window is all held and
+-- there are more due steps (one key's backlog at a higher priority, a heavy weight), the head
+-- step of each other key is judged too (cyclone__limits_heads).
 CREATE OR REPLACE FUNCTION cyclone__limits_pick(p_kinds text[], p_limit integer)
 RETURNS TABLE (id uuid, priority integer, scheduled_at timestamptz)
 LANGUAGE plpgsql
@@ -356,6 +397,12 @@ DECLARE
     c_toks text[];
     c_pri integer[];
     c_sched timestamptz[];
+    e_ids uuid[];                -- the heads of the keys past the window
+    e_runs uuid[];
+    e_toks text[];
+    e_pri integer[];
+    e_sched timestamptz[];
+    whole boolean;               -- the window held every due step
     tk text[] := '{}';           -- the tokens judged so far, and per token:
     tk_scope text[] := '{}';     --   its limit's scope (NULL: no such limit: not limited)
     tk_locked boolean[] := '{}';
@@ -368,6 +415,7 @@ DECLARE
     n_locked boolean[];
     held text[];
     counted text[];
+    counted_runs text[];
     cnt_t text[];
     cnt_n integer[];
     admitted uuid[] := '{}';
@@ -419,7 +467,9 @@ BEGIN
     IF c_ids IS NULL THEN
         RETURN;
     END IF;
+    whole := array_length(c_ids, 1) < p_limit * 4 + 64;
 
+    LOOP
     WHILE lo <= array_length(c_ids, 1) AND cardinality(chosen) < p_limit LOOP
         hi := least(array_length(c_ids, 1), lo + chunk - 1);
         -- The chunk's new tokens: their limits, their keys locked (in one order; skipping
@@ -451,21 +501,26 @@ BEGIN
         n_locked := ARRAY(SELECT u.t = ANY (held) OR (n_max[u.ord] IS NULL AND n_rate[u.ord] IS NULL)
                             FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
         clock := clock_timestamp();
-        -- The running steps (and admitted runs) of the locked keys with a cap: one pass over
-        -- them through the GIN indexes of tokens, grouped by token.
-        counted := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max) AS u (t, locked, mx)
-                          WHERE u.locked AND u.mx IS NOT NULL);
+        -- The slots taken under the locked keys with a cap: running steps for a limit of steps,
+        -- admitted active runs for a limit of runs (a run's steps carry its tokens too, so
+        -- each scope counts its own rows only); one pass each through the GIN indexes of tokens.
+        counted := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max, n_scope) AS u (t, locked, mx, scope)
+                          WHERE u.locked AND u.mx IS NOT NULL AND u.scope = 'steps');
+        counted_runs := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max, n_scope) AS u (t, locked, mx, scope)
+                               WHERE u.locked AND u.mx IS NOT NULL AND u.scope = 'runs');
         SELECT COALESCE(array_agg(c.t), '{}'), COALESCE(array_agg(c.n), '{}') INTO cnt_t, cnt_n
           FROM (SELECT x.t, count(*)::integer AS n
                   FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
-                 WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && counted
+                 WHERE cardinality(counted) > 0
+                   AND s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && counted
                    AND x.t = ANY (counted)
                  GROUP BY x.t
                 UNION ALL
                 SELECT x.t, count(*)::integer
                   FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
-                 WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && counted
-                   AND x.t = ANY (counted)
+                 WHERE cardinality(counted_runs) > 0
+                   AND r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && counted_runs
+                   AND x.t = ANY (counted_runs)
                  GROUP BY x.t) c;
         tk_slots := tk_slots || ARRAY(
             SELECT CASE
@@ -482,9 +537,8 @@ BEGIN
             tk_rate := tk_rate || ARRAY(
                 SELECT CASE
                        WHEN n_rate[u.ord] IS NULL OR NOT n_locked[u.ord] THEN n_rate[u.ord]
-                       ELSE n_rate[u.ord] - (
-                            SELECT count(*) FROM cyclone_limit_starts d
-                             WHERE d.limit_name = cyclone__token_limit(u.t) AND d.key = cyclone__token_key(u.t))::integer
+                       ELSE (SELECT cyclone__rate_left(l, cyclone__token_key(u.t), clock)
+                               FROM cyclone_limits l WHERE l.name = cyclone__token_limit(u.t))
                        END
                   FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
         ELSE
@@ -531,6 +585,23 @@ BEGIN
         lo := hi + 1;
         chunk := chunk * 2;
     END LOOP;
+    -- The window was all judged and did not fill the claim, and there are more due steps than
+    -- it held: the head step of every other key, in the fair order (cyclone__limits_heads).
+    EXIT WHEN cardinality(chosen) >= p_limit OR whole;
+    whole := true;
+    SELECT array_agg(h.id), array_agg(h.run_id), array_agg(array_to_string(h.limit_keys, chr(30))),
+           array_agg(h.priority), array_agg(h.scheduled_at)
+      INTO e_ids, e_runs, e_toks, e_pri, e_sched
+      FROM cyclone__limits_heads(p_kinds,
+                                 ARRAY(SELECT DISTINCT split_part(x.t, chr(30), 1) FROM unnest(c_toks) AS x (t)),
+                                 p_limit * 4 + 64) h;
+    EXIT WHEN e_ids IS NULL;
+    c_ids := c_ids || e_ids;
+    c_runs := c_runs || e_runs;
+    c_toks := c_toks || e_toks;
+    c_pri := c_pri || e_pri;
+    c_sched := c_sched || e_sched;
+    END LOOP;
 
     RETURN QUERY SELECT c_ids[x.i], c_pri[x.i], c_sched[x.i] FROM unnest(chosen) AS x (i);
 END $$;
@@ -557,15 +628,22 @@ BEGIN
         UPDATE cyclone_runs r SET limit_admitted = true
          WHERE r.id = ANY (ARRAY(SELECT s.run_id FROM cyclone_steps s WHERE s.id = ANY (p_ids)))
            AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
-        RETURNING r.limit_keys)
-    INSERT INTO cyclone_limit_starts (limit_name, key, at)
-    SELECT l.name, cyclone__token_key(u.t), clock
-      -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
-      FROM (SELECT t, 'steps' AS scope FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t
-             WHERE s.id = ANY (p_ids)
-             UNION ALL
-            SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
-      JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope;
+        RETURNING r.limit_keys
+    ), started AS (
+        INSERT INTO cyclone_limit_starts (limit_name, key, at)
+        SELECT l.name, cyclone__token_key(u.t), clock
+          -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
+          FROM (SELECT t, 'steps' AS scope FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t
+                 WHERE s.id = ANY (p_ids)
+                 UNION ALL
+                SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
+          JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope
+        RETURNING limit_name, key)
+    -- The keys' pace (cyclone__rate_left): their rows are locked by this claim (cyclone__limits_pick).
+    UPDATE cyclone_limit_keys k SET paced = greatest(k.paced, clock) + g.n * cyclone__rate_pace(l)
+      FROM (SELECT st.limit_name, st.key, count(*) AS n FROM started st GROUP BY st.limit_name, st.key) g
+      JOIN cyclone_limits l ON l.name = g.limit_name
+     WHERE k.limit_name = g.limit_name AND k.key = g.key;
     FOR c IN SELECT s.kind, max(s.fair_at) AS at FROM cyclone_steps s
               WHERE s.id = ANY (p_ids) AND s.fair_at IS NOT NULL GROUP BY s.kind ORDER BY s.kind LOOP
         INSERT INTO cyclone_fair_clocks (kind, vt) VALUES (c.kind, c.at) ON CONFLICT (kind) DO NOTHING;
@@ -575,37 +653,68 @@ BEGIN
     END LOOP;
 END $$;
 
--- Seconds until a limited step of these kinds may be claimable (NULL: none without a slot
--- freeing first, which wakes the dispatchers; 0 or less: now, if a claim can lock its
--- keys). A look without locks at the due steps a claim would see: a key with a free slot
--- and a start left is due now; a key out of starts when its oldest start leaves the window;
--- a key without a free slot never (its slot's release notifies). Steps not yet due: when
--- they become due.
-CREATE OR REPLACE FUNCTION cyclone__limits_next_due(p_kinds text[]) RETURNS double precision
-LANGUAGE plpgsql
+-- A rate's starts are spread over its window. Besides at most `rate` in any window, a key's
+-- starts keep a pace of one per window / rate, with a burst of at most a twentieth of the
+-- rate (rounded up, at least 2): a bucket of that many starts refilled at the rate
+-- (cyclone_limit_keys.paced is when it is full again). Bursts, even of a tenth of the quota,
+-- claimed a window apart reach the workers tens of milliseconds apart under load, and so can
+-- land more than the quota in one window of the workers' clocks; starts one by one, a pace
+-- apart, cannot bunch by more than the delivery's jitter. The dispatchers wake for each start
+-- (cyclone__rate_due); a claim that comes late finds the starts it missed in the bucket.
+CREATE OR REPLACE FUNCTION cyclone__rate_burst(p_rate integer) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT greatest(2, ceil(p_rate / 20.0)::integer) $$;
+
+CREATE OR REPLACE FUNCTION cyclone__rate_pace(p_limit cyclone_limits) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT cyclone__rate_window(p_limit.period) / p_limit.rate $$;
+
+-- Starts left now for a key (in a claim, under the key's lock).
+CREATE OR REPLACE FUNCTION cyclone__rate_left(p_limit cyclone_limits, p_key text, p_clock timestamptz)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT least(
+        p_limit.rate - (SELECT count(*) FROM cyclone_limit_starts d
+                         WHERE d.limit_name = p_limit.name AND d.key = p_key
+                           AND d.at > p_clock - cyclone__rate_window(p_limit.period)),
+        cyclone__rate_burst(p_limit.rate) - COALESCE((
+            SELECT ceil(extract(epoch FROM k.paced - p_clock) / extract(epoch FROM cyclone__rate_pace(p_limit)))
+              FROM cyclone_limit_keys k
+             WHERE k.limit_name = p_limit.name AND k.key = p_key AND k.paced > p_clock), 0))::integer
+$$;
+
+-- Seconds until a key has a start left (0: now): when the oldest start of a full window leaves
+-- it, and when the bucket holds a start again, whichever is later.
+CREATE OR REPLACE FUNCTION cyclone__rate_due(p_limit cyclone_limits, p_key text) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(
+               CASE WHEN count(d.at) < p_limit.rate THEN 0.0
+                    ELSE extract(epoch FROM min(d.at) + w.span - w.now)::float8 END,
+               COALESCE(extract(epoch FROM (SELECT k.paced FROM cyclone_limit_keys k
+                                             WHERE k.limit_name = p_limit.name AND k.key = p_key)
+                                           - (cyclone__rate_burst(p_limit.rate) - 1) * cyclone__rate_pace(p_limit)
+                                           - w.now)::float8, 0.0),
+               0.0)
+      FROM (SELECT cyclone__rate_window(p_limit.period) AS span, clock_timestamp() AS now) w
+      LEFT JOIN LATERAL (
+        SELECT s.at FROM cyclone_limit_starts s
+         WHERE s.limit_name = p_limit.name AND s.key = p_key AND s.at > w.now - w.span
+         ORDER BY s.at DESC LIMIT p_limit.rate) d ON true
+     GROUP BY w.span, w.now
+$$;
+
+-- The earliest time (seconds from now) at which one of these available limited steps may be
+-- claimable, NULL if none is without a slot freeing first. A look without locks: a key with a
+-- free slot and a start left is due now; a key out of starts when its oldest start leaves
+-- the window; a key without a free slot never (its slot's release notifies). A step is due
+-- when all its keys are; a key of a limit of runs does not hold a step whose run holds its
+-- slot already (as in cyclone__limits_pick).
+CREATE OR REPLACE FUNCTION cyclone__limits_due(p_ids uuid[]) RETURNS double precision
+LANGUAGE sql STABLE
 SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-SET jit = off
 AS $$
-DECLARE
-    later timestamptz;
-    best double precision;
-BEGIN
-    SELECT min(n.at) INTO later
-      FROM unnest(p_kinds) AS k (kind)
-     CROSS JOIN LATERAL (SELECT s.scheduled_at AS at FROM cyclone_steps s
-                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
-                            AND s.kind = k.kind
-                          ORDER BY s.scheduled_at LIMIT 1) n;
     WITH c AS (
-        SELECT w.id, w.run_id, w.limit_keys,
-               (SELECT r.limit_admitted FROM cyclone_runs r WHERE r.id = w.run_id) AS admitted
-          FROM unnest(p_kinds) AS k (kind)
-         CROSS JOIN LATERAL (
-            SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at FROM cyclone_steps s
-             WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-               AND s.kind = k.kind
-             ORDER BY s.priority, s.fair_at, s.id LIMIT 64) w
+        SELECT s.id, s.limit_keys,
+               (SELECT r.limit_admitted FROM cyclone_runs r WHERE r.id = s.run_id) AS admitted
+          FROM cyclone_steps s WHERE s.id = ANY (p_ids)
     ), toks AS (
         SELECT array_agg(DISTINCT u.tok) AS ts FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok)
     ), used AS (  -- running steps and admitted runs per token, in one pass each
@@ -625,25 +734,51 @@ BEGIN
                CASE WHEN l.name IS NULL THEN 0.0
                     WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(
                          (SELECT u.n FROM used u WHERE u.t = x.t AND u.scope = l.scope), 0) THEN NULL
-                    WHEN l.rate IS NOT NULL THEN (
-                         SELECT CASE WHEN count(*) < l.rate THEN 0.0
-                                     ELSE extract(epoch FROM min(d.at) + cyclone__rate_window(l.period)
-                                                             - clock_timestamp())::float8 END
-                           FROM (SELECT d.at FROM cyclone_limit_starts d
-                                  WHERE d.limit_name = l.name AND d.key = cyclone__token_key(x.t)
-                                    AND d.at > clock_timestamp() - cyclone__rate_window(l.period)
-                                  ORDER BY d.at DESC LIMIT l.rate) d)
+                    WHEN l.rate IS NOT NULL THEN cyclone__rate_due(l, cyclone__token_key(x.t))
                     ELSE 0.0 END AS due
           FROM (SELECT unnest(ts) AS t FROM toks) x LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
     )
-    -- A step is due when all its keys are: the latest of its keys' times. A key of a limit of
-    -- runs does not hold a step whose run holds its slot already (as in cyclone__limits_pick).
-    SELECT min(m.due) INTO best
+    SELECT min(m.due)
       FROM (SELECT max(d.due) AS due, bool_or(d.due IS NULL) AS never
               FROM (SELECT c.id, CASE WHEN st.scope = 'runs' AND c.admitted THEN 0.0 ELSE st.due END AS due
                       FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok) JOIN state st ON st.t = u.tok) d
              GROUP BY d.id) m
-     WHERE NOT m.never;
+     WHERE NOT m.never
+$$;
+
+-- Seconds until a limited step of these kinds may be claimable (NULL: none without a slot
+-- freeing first, which wakes the dispatchers; 0 or less: now, if a claim can lock its
+-- keys): the due steps a claim would see first (cyclone__limits_due), and if those are all
+-- held, the head step of every key (cyclone__limits_heads) as the claim does. Steps not yet
+-- due: when they become due.
+CREATE OR REPLACE FUNCTION cyclone__limits_next_due(p_kinds text[]) RETURNS double precision
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    later timestamptz;
+    best double precision;
+    window_ids uuid[];
+BEGIN
+    SELECT min(n.at) INTO later
+      FROM unnest(p_kinds) AS k (kind)
+     CROSS JOIN LATERAL (SELECT s.scheduled_at AS at FROM cyclone_steps s
+                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
+                            AND s.kind = k.kind
+                          ORDER BY s.scheduled_at LIMIT 1) n;
+    window_ids := ARRAY(
+        SELECT w.id FROM unnest(p_kinds) AS k (kind)
+         CROSS JOIN LATERAL (
+            SELECT s.id FROM cyclone_steps s
+             WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+               AND s.kind = k.kind
+             ORDER BY s.priority, s.fair_at, s.id LIMIT 64) w);
+    best := cyclone__limits_due(window_ids);
+    IF best IS NULL AND cardinality(window_ids) >= 64 THEN
+        best := cyclone__limits_due(ARRAY(SELECT h.id FROM cyclone__limits_heads(p_kinds, '{}', NULL) h));
+    END IF;
     RETURN least(best, extract(epoch FROM later - now())::float8);
 END $$;
 
@@ -653,7 +788,6 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone__step_held(p_step cyclone_steps) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    first_at timestamptz;
     t text;
     l cyclone_limits;
     k text;
@@ -682,13 +816,15 @@ BEGIN
             END IF;
         END IF;
         IF l.rate IS NOT NULL THEN
-            SELECT count(*), min(d.at) INTO n, first_at FROM cyclone_limit_starts d
-             WHERE d.limit_name = l.name AND d.key = k AND d.at > clock_timestamp() - cyclone__rate_window(l.period);
-            IF n >= l.rate THEN
-                RETURN format('limit %s key %s: %s/%s starts per %s s, the next in %s s', l.name,
-                              CASE WHEN k = '' THEN '""' ELSE k END, n, l.rate, extract(epoch FROM l.period),
-                              round(greatest(extract(epoch FROM first_at + cyclone__rate_window(l.period)
-                                                               - clock_timestamp()), 0)::numeric, 1));
+            IF cyclone__rate_left(l, k, clock_timestamp()) <= 0 THEN
+                SELECT count(*) INTO n FROM cyclone_limit_starts d
+                 WHERE d.limit_name = l.name AND d.key = k AND d.at > clock_timestamp() - cyclone__rate_window(l.period);
+                RETURN format('limit %s key %s: %s/%s starts per %s s%s, the next in %s s', l.name,
+                              CASE WHEN k = '' THEN '""' ELSE k END, n, l.rate, trim_scale(extract(epoch FROM l.period)),
+                              CASE WHEN n < l.rate
+                                   THEN format(', paced at one per %s s', round(extract(epoch FROM cyclone__rate_pace(l))::numeric, 3))
+                                   ELSE '' END,
+                              round(greatest(cyclone__rate_due(l, k), 0)::numeric, CASE WHEN n < l.rate THEN 3 ELSE 1 END));
             END IF;
         END IF;
     END LOOP;

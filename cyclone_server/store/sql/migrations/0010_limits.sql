@@ -39,10 +39,13 @@ CREATE INDEX cyclone_limits_kinds ON cyclone_limits USING gin (kinds);
 CREATE INDEX cyclone_limits_workflows ON cyclone_limits USING gin (workflows);
 
 -- One row per (limit, key) that a claim has met: the row the claims of that key lock, so
--- that the check and the claim of one key are serialized across every server.
+-- that the check and the claim of one key are serialized across every server. `paced`: for
+-- a limit with a rate, when the key's starts will have caught up with the rate (the pace
+-- that spreads them over the window; NULL: never started).
 CREATE TABLE cyclone_limit_keys (
     limit_name text NOT NULL REFERENCES cyclone_limits (name) ON DELETE CASCADE ON UPDATE CASCADE,
     key        text NOT NULL,
+    paced      timestamptz,
     PRIMARY KEY (limit_name, key)
 );
 
@@ -83,6 +86,10 @@ CREATE INDEX cyclone_steps_claim_free ON cyclone_steps (kind, priority, schedule
     WHERE state = 'available' AND limit_keys IS NULL;
 DROP INDEX cyclone_steps_claim;
 CREATE INDEX cyclone_steps_claim_fair ON cyclone_steps (kind, priority, fair_at, id)
+    WHERE state = 'available' AND limit_keys IS NOT NULL AND fair_at IS NOT NULL;
+-- The same steps by their first token (the key that places them): a claim whose window of the
+-- fair order is all held walks it key by key, one head step each (cyclone__limits_heads).
+CREATE INDEX cyclone_steps_claim_heads ON cyclone_steps (kind, (limit_keys[1]), priority, fair_at, id)
     WHERE state = 'available' AND limit_keys IS NOT NULL AND fair_at IS NOT NULL;
 CREATE INDEX cyclone_steps_claim_later ON cyclone_steps (kind, scheduled_at)
     WHERE state = 'available' AND limit_keys IS NOT NULL AND fair_at IS NULL;

@@ -144,7 +144,10 @@ export interface Limit {
    * 0: no cap.
    */
   maxRunning: number;
-  /** At most `rate` starts per key in any window of `period`. 0: no rate. */
+  /**
+   * At most `rate` starts per key in any window of `period`, paced: one per period /
+   * rate, in bursts of at most a twentieth of `rate` (at least 2). 0: no rate.
+   */
   rate: number;
   /** The window of the rate: 1 second to 1 day. Required with a rate, refused without. */
   period:
