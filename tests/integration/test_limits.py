@@ -130,6 +130,25 @@ async def test_a_heavy_weight_key_at_its_cap_does_not_hide_a_light_one(engine: E
     assert tenants_of(await claim(engine, "k", 10)) == ["std"]
 
 
+async def test_a_cap_set_while_a_claim_is_in_flight_is_not_overrun(engine: Engine, db_url: str) -> None:
+    """A claim under a limit without a cap (fair order only) is still open when SetLimit gives
+    the limit a cap of 1: another claim must not count the key's running steps without the
+    first claim's, so it skips the key (locked by the first) rather than adding one more, and
+    it does not wait for the first to commit."""
+    import psycopg
+    await engine.set_limit(limit("t", kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "x"}] * 7)
+    [seen] = await claim(engine, "k", 1)  # the key's row exists (a new key's insert waits for its commit)
+    await engine.complete(str(seen["step_id"]), seen["lease_generation"], None)
+    async with await psycopg.AsyncConnection.connect(db_url) as first:  # a transaction left open
+        cur = await first.execute("SELECT step_id FROM cyclone_steps_claim('w1', ARRAY['k'], 3, '30 s')")
+        assert len(await cur.fetchall()) == 3
+        await engine.set_limit(limit("t", kinds=["k"], key_path="tenant", max_running=1))
+        assert await asyncio.wait_for(engine.claim("w2", ["k"], 5, 30), 10) == []
+        await first.commit()
+    assert await engine.claim("w2", ["k"], 5, 30) == []  # 3 running, cap 1: the cap holds from now on
+
+
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
     await engine.set_limit(limit("one", max_running=1, kinds=["held"]))
     await jobs(engine, "held", [1, 2, 3])

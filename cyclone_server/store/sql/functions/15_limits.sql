@@ -485,21 +485,28 @@ BEGIN
           INTO n_scope, n_max, n_rate
           FROM unnest(nt) WITH ORDINALITY AS u (t, ord)
           LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t);
-        -- (A limit with neither max_running nor rate only orders its keys: nothing to lock.)
+        -- Every key is locked, also one of a limit that only orders its keys: a cap given to
+        -- it meanwhile (SetLimit) must find this claim's steps counted by the next claim, and
+        -- two claims then share the keys instead of reaching for the same steps.
         INSERT INTO cyclone_limit_keys (limit_name, key)
         SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t)
-          FROM unnest(nt, n_scope, n_max, n_rate) AS u (t, scope, mx, rt)
-         WHERE u.scope IS NOT NULL AND (u.mx IS NOT NULL OR u.rt IS NOT NULL)
+          FROM unnest(nt, n_scope) AS u (t, scope)
+         WHERE u.scope IS NOT NULL
         ON CONFLICT DO NOTHING;
         SELECT COALESCE(array_agg(cyclone__limit_token(k.limit_name, k.key)), '{}') INTO held
           FROM (SELECT kk.limit_name, kk.key FROM cyclone_limit_keys kk
-                  JOIN unnest(nt, n_max, n_rate) AS v (t, mx, rt)
+                  JOIN unnest(nt) AS v (t)
                     ON kk.limit_name = cyclone__token_limit(v.t) AND kk.key = cyclone__token_key(v.t)
-                   AND (v.mx IS NOT NULL OR v.rt IS NOT NULL)
                  ORDER BY kk.limit_name, kk.key
                    FOR UPDATE OF kk SKIP LOCKED) k;
-        n_locked := ARRAY(SELECT u.t = ANY (held) OR (n_max[u.ord] IS NULL AND n_rate[u.ord] IS NULL)
-                            FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        n_locked := ARRAY(SELECT u.t = ANY (held) FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        -- The limits as they are now that the keys are locked (a SetLimit committed since the
+        -- read above is seen: each statement of this function takes a fresh snapshot).
+        SELECT array_agg(l.scope ORDER BY u.ord), array_agg(l.max_running ORDER BY u.ord),
+               array_agg(l.rate ORDER BY u.ord)
+          INTO n_scope, n_max, n_rate
+          FROM unnest(nt) WITH ORDINALITY AS u (t, ord)
+          LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t);
         clock := clock_timestamp();
         -- The slots taken under the locked keys with a cap: running steps for a limit of steps,
         -- admitted active runs for a limit of runs (a run's steps carry its tokens too, so
