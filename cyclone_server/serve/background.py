@@ -19,6 +19,9 @@ RETENTION_MAX_BATCHES = 20  # per pass, so one pass never holds the database for
 # parent node itself, so this pass is the backstop (for a server that died in between), and
 # while runs end by the thousand it must not scan once per commit.
 SETTLE_MIN_INTERVAL = 0.05
+# Flow control's rows of idle keys are tidied this often (Engine.tidy_limits), in batches.
+LIMITS_TIDY_INTERVAL = 60.0
+LIMITS_TIDY_BATCH = 1000
 
 
 class Background:
@@ -30,7 +33,8 @@ class Background:
       child-node settling, so a parent node ends right after its child run instead of at
       the next sweep, even when the call that ended the child could not settle it;
     - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
-      runs older than `retention_default_age` (per-step retention honoured) in bounded batches.
+      runs older than `retention_default_age` (per-step retention honoured) in bounded batches;
+    - every LIMITS_TIDY_INTERVAL: flow control's rows of idle keys removed (Engine.tidy_limits).
 
     Every pass is guarded: a failing pass (say, a lost database connection) is logged and
     the next interval tries again. Several servers may run this at once: every statement
@@ -71,6 +75,8 @@ class Background:
         self._tasks = [
             asyncio.create_task(self._every(self.sweep_interval, self._sweep, "sweep"), name="cyclone-sweep"),
             asyncio.create_task(self._settle_loop(), name="cyclone-settle"),
+            asyncio.create_task(self._every(LIMITS_TIDY_INTERVAL, self._tidy_limits, "limits tidy"),
+                                name="cyclone-limits-tidy"),
         ]
         if self.retention_interval:
             self._tasks.append(asyncio.create_task(
@@ -134,6 +140,13 @@ class Background:
             self.counts["children_settle"] += n
         if n >= 500:  # more may be waiting: go again at once
             self._run_ended.set()
+
+    async def _tidy_limits(self) -> None:
+        for _ in range(RETENTION_MAX_BATCHES):
+            n = await self.engine.tidy_limits(LIMITS_TIDY_BATCH)
+            self.counts["limits_tidy"] += n
+            if n < LIMITS_TIDY_BATCH:
+                return
 
     async def _retention(self) -> None:
         for _ in range(RETENTION_MAX_BATCHES):

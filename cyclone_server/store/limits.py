@@ -48,6 +48,12 @@ class LimitStore(Core):
             row["keys"] = by_name.get(row["name"], [])
         return limits
 
+    async def tidy_limits(self, limit: int = 1000) -> int:
+        """Remove what flow control keeps for idle keys (cyclone_limits_tidy: starts out of
+        their window, lock rows and fair clocks no claim needs); returns how many rows went."""
+        row = await self._one("limits_tidy", limit=limit)
+        return int(row["removed"])  # type: ignore[index]
+
     async def delete_limit(self, name: str) -> None:
         """Delete the limit; NotFound when there is none."""
         row = await self._one("limit_delete", name=name)

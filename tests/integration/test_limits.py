@@ -621,6 +621,42 @@ async def test_priority_comes_before_fairness(engine: Engine) -> None:
     assert tenants_of(await claim(engine, "k", 5)) == ["c", "a", "a", "a", "b"]
 
 
+# -- tidying ---------------------------------------------------------------------------------
+
+
+async def test_tidy_removes_the_rows_of_idle_keys_and_keeps_those_in_use(engine: Engine, conn, db_url: str) -> None:
+    """Per-user keys come and go: the lock rows, fair clocks and old starts of keys with nothing
+    waiting go; a key with a waiting step, a bucket still refilling or a claim holding its row
+    keeps its row, and a fair clock ahead of its kind's virtual time stays."""
+    import psycopg
+    await engine.set_limit(limit("u", max_running=1, kinds=["k"], key_path="user"))
+    await engine.set_limit(limit("r", rate=1000, period=1.0, kinds=["paced"], key="all"))
+    await jobs(engine, "k", [{"user": f"u{i}"} for i in range(20)] + [{"user": "busy"}] * 3)
+    for _ in range(2):  # 21 steps at fair place 0, then busy's second at 1: k's virtual time is 1
+        for lease in await claim(engine, "k", 50):
+            await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    await jobs(engine, "paced", list(range(3)))
+    assert len(await claim(engine, "paced", 3)) == 3  # paced's virtual time is 2
+    await conn.execute("INSERT INTO cyclone_limit_starts (limit_name, key, at) VALUES ('r', 'all', now() - interval '1 hour')")
+    await conn.execute("UPDATE cyclone_limit_keys SET paced = now() + interval '1 hour' WHERE limit_name = 'r'")
+
+    async def rows(table: str, column: str) -> set[str]:
+        return {r["k"] for r in await fetch(conn, f"SELECT {column} AS k FROM {table}")}
+    assert len(await rows("cyclone_limit_keys", "key")) == 22
+    assert len(await rows("cyclone_fair_keys", "token")) == 22
+    async with await psycopg.AsyncConnection.connect(db_url) as other:  # a claim holding u0's row
+        await other.execute("SELECT 1 FROM cyclone_limit_keys WHERE key = 'u0' FOR UPDATE")
+        removed = await engine.tidy_limits()
+    assert await rows("cyclone_limit_keys", "key") == {"u0", "busy", "all"}
+    assert await rows("cyclone_fair_keys", "token") == {"u\x1fbusy", "r\x1fall"}
+    assert (await fetch_one(conn, "SELECT count(*) AS n FROM cyclone_limit_starts"))["n"] == 3  # in the window
+    assert removed == 19 + 20 + 1
+    # Claims go on as before: a tidied key's row and clock come back with its next step.
+    await jobs(engine, "k", [{"user": "u5"}])
+    assert sorted(x["input"]["user"] for x in await claim(engine, "k", 5)) == ["busy", "u5"]
+    assert await rows("cyclone_limit_keys", "key") >= {"u5", "busy"}
+
+
 # -- bad input -------------------------------------------------------------------------------
 
 

@@ -270,6 +270,9 @@ SELECT cyclone_limit_set(%(limit)s::jsonb) AS created;
 -- name: limit_delete
 SELECT cyclone_limit_delete(%(name)s) AS deleted;
 
+-- name: limits_tidy
+SELECT cyclone_limits_tidy(%(limit)s) AS removed;
+
 -- name: limits_list
 SELECT name, max_running, rate, extract(epoch FROM period)::float8 AS period, strategy, scope, kinds,
        workflows, key_path, key_const, weights, created_at, updated_at

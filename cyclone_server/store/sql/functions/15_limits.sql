@@ -961,3 +961,56 @@ LANGUAGE sql STABLE AS $$
      WHERE k.n <= p_top
      ORDER BY k.name, k.n
 $$;
+
+-- The rows flow control keeps per key, tidied (the servers' background work, every
+-- LIMITS_TIDY_INTERVAL): starts that left their rate's window, the lock rows of keys with no
+-- waiting step and a full bucket (cyclone__rate_left: `paced` passed), and the fair clocks of
+-- keys with no waiting step whose clock every kind's virtual time has passed (a key placed
+-- again starts at the kind's virtual time: the same place). A claim creates again what it
+-- needs; rows a claim holds are skipped. At most p_limit rows of each; returns how many went.
+CREATE OR REPLACE FUNCTION cyclone_limits_tidy(p_limit integer) RETURNS integer
+LANGUAGE plpgsql
+SET jit = off
+AS $$
+DECLARE
+    n integer;
+    total integer := 0;
+    floor_vt double precision;
+BEGIN
+    DELETE FROM cyclone_limit_starts d
+     WHERE d.ctid = ANY (ARRAY(
+        SELECT x.ctid FROM cyclone_limit_starts x
+          LEFT JOIN cyclone_limits l ON l.name = x.limit_name
+         WHERE l.name IS NULL OR l.rate IS NULL OR x.at <= clock_timestamp() - cyclone__rate_window(l.period)
+         LIMIT p_limit));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM cyclone_limit_keys k
+     WHERE (k.limit_name, k.key) IN (
+        SELECT x.limit_name, x.key FROM cyclone_limit_keys x
+         WHERE (x.paced IS NULL OR x.paced <= clock_timestamp())
+           AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                              AND s.limit_keys @> ARRAY[cyclone__limit_token(x.limit_name, x.key)])
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    SELECT min(c.vt) INTO floor_vt FROM cyclone_fair_clocks c;
+    IF floor_vt IS NOT NULL THEN
+        DELETE FROM cyclone_fair_keys f
+         WHERE f.token IN (
+            SELECT x.token FROM cyclone_fair_keys x
+             WHERE x.vclock <= floor_vt
+               AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                                WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                                  AND s.limit_keys @> ARRAY[x.token])
+             LIMIT p_limit
+               FOR UPDATE OF x SKIP LOCKED);
+        GET DIAGNOSTICS n = ROW_COUNT;
+        total := total + n;
+    END IF;
+    RETURN total;
+END $$;
