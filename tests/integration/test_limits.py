@@ -341,6 +341,30 @@ async def test_a_rate_limit_spreads_its_quota_over_the_window_and_says_when_the_
     assert [x["input"] for x in await claim(engine, "call", 10)][:1] == [20]
 
 
+async def test_a_claim_that_chose_a_step_another_claim_took_records_no_start_for_it(
+        engine: Engine, conn, db_url: str) -> None:
+    """A claim reads its candidates, then waits for its key while another claim of the key
+    commits the same step: the step is running, but not this claim's start. Only the other
+    claim's start counts against the rate."""
+    import psycopg
+    await engine.set_limit(limit("r", rate=10, period=60.0, kinds=["k"], key="one"))
+    await jobs(engine, "k", [1, 2, 3])
+    async with await psycopg.AsyncConnection.connect(db_url) as first:
+        cur = await first.execute("SELECT step_id FROM cyclone_steps_claim('w1', ARRAY['k'], 1, '30 s')")
+        assert len(await cur.fetchall()) == 1  # and it created the key's row, not yet committed
+        second = asyncio.create_task(engine.claim("w2", ["k"], 1, 30))
+
+        async def waiting() -> bool:  # the second claim waits for the key's row
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND wait_event_type = 'Lock'")
+            return row["n"] == 1
+        await eventually(waiting)
+        await first.commit()
+        assert await second == []  # it chose the step the first took
+    starts = await fetch_one(conn, "SELECT count(*) AS n FROM cyclone_limit_starts")
+    assert starts["n"] == 1
+
+
 async def test_a_concurrency_limit_at_its_cap_is_not_due_until_a_slot_frees(engine: Engine) -> None:
     await engine.set_limit(limit("cap", max_running=1, kinds=["k"]))
     await jobs(engine, "k", [1, 2])

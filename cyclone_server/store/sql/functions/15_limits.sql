@@ -616,7 +616,7 @@ END $$;
 -- The claim took these limited steps (now running; called after its UPDATE): their starts count against their rates,
 -- their runs hold the slots of the limits of runs, and the kinds' virtual time moves on to
 -- the furthest fair place taken (cyclone__fair_at). Runs once per claim.
-CREATE OR REPLACE FUNCTION cyclone__limits_take(p_ids uuid[]) RETURNS void
+CREATE OR REPLACE FUNCTION cyclone__limits_take(p_ids uuid[], p_owner text) RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
@@ -629,8 +629,12 @@ BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
-    -- Only the steps the claim's UPDATE took (one taken meanwhile by another path is not a start).
-    p_ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (p_ids) AND s.state = 'running');
+    -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
+    -- now(). A step the pick chose from a snapshot taken before another claim of its key
+    -- committed is running too, but that claim's start, not this one's.
+    p_ids := ARRAY(SELECT s.id FROM cyclone_steps s
+                    WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
+                      AND s.started_at = now());
     WITH newly AS (
         UPDATE cyclone_runs r SET limit_admitted = true
          WHERE r.id = ANY (ARRAY(SELECT s.run_id FROM cyclone_steps s WHERE s.id = ANY (p_ids)))

@@ -105,7 +105,7 @@ BEGIN
      CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
      ORDER BY c.priority, c.scheduled_at, c.id;
     IF cardinality(limited) > 0 THEN  -- the starts and admissions of the limited steps claimed
-        PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)));
+        PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)), p_owner);
     END IF;
 END $$;
 
