@@ -420,7 +420,11 @@ DECLARE
     x record;
     runs uuid[];
     locked uuid[];
+    plain uuid[];
+    plain_first boolean;
     fast integer[];
+    fast_steps uuid[];
+    fast_gens bigint[];
     dag integer[];
     dag_steps uuid[];
     dag_runs uuid[];
@@ -438,54 +442,53 @@ BEGIN
       FROM jsonb_array_elements(p_results) e
      CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = (e ->> 'step_id')::uuid OFFSET 0) s;
     IF runs IS NOT NULL THEN
-        PERFORM 1 FROM cyclone_runs r WHERE r.id = runs[1] FOR NO KEY UPDATE;
-        SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}') INTO locked
-          FROM (SELECT r.id FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) ORDER BY r.id
+        -- `plain`: the locked runs a job's completion may end (running or paused, top-level),
+        -- read from the row as locked, so their state holds until commit.
+        SELECT r.state IN ('running', 'paused') AND r.parent_run_id IS NULL INTO plain_first
+          FROM cyclone_runs r WHERE r.id = runs[1] FOR NO KEY UPDATE;
+        SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}'), COALESCE(array_agg(l.id) FILTER (WHERE l.plain), '{}')
+          INTO locked, plain
+          FROM (SELECT r.id, r.state IN ('running', 'paused') AND r.parent_run_id IS NULL AS plain
+                  FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) ORDER BY r.id
                    FOR NO KEY UPDATE SKIP LOCKED) l;
+        IF plain_first THEN
+            plain := runs[1:1] || plain;
+        END IF;
     END IF;
 
-    -- (SELECT 'running'::text): see "Plans" at the top of this file.
+    -- (SELECT 'running'::text): see "Plans" at the top of this file. The jobs' steps running
+    -- under the result's generation, in the `plain` runs (locked above) that have no other
+    -- step; each such step's run is ended in the same statement.
     WITH b AS MATERIALIZED (
         SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
                COALESCE(e.v -> 'output', 'null'::jsonb) AS output,
                count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
          WHERE e.v ->> 'outcome' = 'completed' AND (e.v ->> 'output_bytes')::integer <= p_max_output_bytes
-    ), t AS MATERIALIZED (
-        -- The jobs' steps running under the result's generation, in runs this batch locked
-        -- (so their state holds until commit) that are running or paused.
-        SELECT b.i, b.sid, b.gen, b.output
-          FROM b
-         CROSS JOIN LATERAL (SELECT s.run_id, s.state, s.lease_generation FROM cyclone_steps s
-                              WHERE s.id = b.sid OFFSET 0) s
-         CROSS JOIN LATERAL (SELECT r.state, r.parent_run_id FROM cyclone_runs r
-                              WHERE r.id = s.run_id OFFSET 0) r
-         WHERE b.answers = 1 AND s.state = 'running' AND s.lease_generation = b.gen
-           AND s.run_id = ANY (locked) AND r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
-           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> b.sid OFFSET 0)
     ), done AS (
         UPDATE cyclone_steps s
-           SET state = 'completed', output = t.output, finished_at = now()
-          FROM t
-         WHERE s.id = t.sid AND s.state = (SELECT 'running'::text) AND s.lease_generation = t.gen
-        RETURNING s.run_id, s.node, s.output, t.i
+           SET state = 'completed', output = b.output, finished_at = now()
+          FROM b
+         WHERE s.id = b.sid AND b.answers = 1 AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
+           AND s.run_id = ANY (plain)
+           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id OFFSET 0)
+        RETURNING s.run_id, s.node, s.output, b.i, b.sid, b.gen
     ), ended AS (
         UPDATE cyclone_runs r
            SET state = 'completed', finished_at = now(), updated_at = now(),
                paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
           FROM done d
          WHERE r.id = d.run_id
-        RETURNING r.id
+        RETURNING d.i, d.sid, d.gen
     )
-    SELECT array_agg(d.i) INTO fast FROM done d WHERE EXISTS (SELECT 1 FROM ended WHERE ended.id = d.run_id);
+    SELECT array_agg(e.i), array_agg(e.sid), array_agg(e.gen) INTO fast, fast_steps, fast_gens FROM ended e;
     IF fast IS NOT NULL THEN
-        PERFORM pg_notify('cyclone_run_ended', 'top');  -- t took top-level runs only
+        PERFORM pg_notify('cyclone_run_ended', 'top');  -- `plain` holds top-level runs only
         -- The jobs completed here, in one go; the loop at the end answers the rest.
         RETURN QUERY
-            SELECT e.ord::integer, (e.v ->> 'step_id')::uuid, (e.v ->> 'generation')::bigint, 'applied'::text,
-                   NULL::uuid, false
-              FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
-             WHERE e.ord::integer = ANY (fast);
+            SELECT u.i, u.sid, u.gen, 'applied'::text, NULL::uuid, false
+              FROM unnest(fast, fast_steps, fast_gens) AS u (i, sid, gen)
+             ORDER BY u.i;
         IF cardinality(fast) = jsonb_array_length(p_results) THEN
             -- Every result was one (a drain of jobs): the statements below would find
             -- nothing, and the loop's query is planned anew on most calls.
