@@ -39,13 +39,19 @@ MAX_ERROR_MESSAGE_BYTES = 64 * 1024
 MAX_ERROR_DETAILS_BYTES = 16 * 1024
 # A failed handler's traceback is logged up to this many bytes (its middle cut past it).
 LOG_EXCERPT_BYTES = 16 * 1024
+# The counts' name of each ack status this SDK knows ('applied', ...), looked up once, not
+# per ack; a newer server's status is named by enum_name as it comes ('unknown_7').
+_ACK_NAMES = {v: enum_name(workers_pb2.AckStatus, v, "ACK_STATUS_") for v in workers_pb2.AckStatus.values()}
 
 
 def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
     """The Completed answer for a handler's return value: the output, or only its size when
     it is over the server's limit (the step is then discarded as output_too_large, and the
     output never crosses the wire). Raises TypeError / ValueError for a value JSON cannot hold."""
-    value = to_value(out, "output")
+    result = workers_pb2.StepResult()
+    # Filled in place: built apart and passed in, the Value was copied twice (into Completed,
+    # then into the StepResult).
+    value = to_value(out, "output", into=result.completed.output)
     # The size that counts is compact JSON's; the protobuf size bounds it cheaply from below
     # by far (an escaped character costs at most 6 bytes in JSON), so most outputs skip it.
     if value.ByteSize() * 8 > max_payload_bytes:
@@ -55,7 +61,7 @@ def completed(out: Any, max_payload_bytes: int) -> workers_pb2.StepResult:
                    .encode("utf-8", "surrogatepass"))
         if size > max_payload_bytes:
             return workers_pb2.StepResult(completed=workers_pb2.Completed(oversized_output_bytes=size))
-    return workers_pb2.StepResult(completed=workers_pb2.Completed(output=value))
+    return result
 
 
 def _cut(text: str, limit: int) -> str:
@@ -170,7 +176,7 @@ class LeaseTable:
         h = self.held.get((ack.step_id, ack.lease_generation))
         if h is None:
             return
-        status = enum_name(workers_pb2.AckStatus, ack.status, "ACK_STATUS_")  # a newer server's status too
+        status = _ACK_NAMES.get(ack.status) or enum_name(workers_pb2.AckStatus, ack.status, "ACK_STATUS_")
         self.counts[status] += 1
         if ack.status == workers_pb2.ACK_STATUS_INVALID:
             # The server could not use our answer and failed the attempt in its place: the

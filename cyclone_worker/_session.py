@@ -166,7 +166,11 @@ class Session:
                     if isinstance(item, workers_pb2.WorkerMessage):
                         await self.call.write(item)
                 if results:
-                    await self.call.write(workers_pb2.WorkerMessage(results=workers_pb2.Results(results=results)))
+                    # Extended in place: Results(results=...) inside WorkerMessage(results=...)
+                    # copied every result twice.
+                    msg = workers_pb2.WorkerMessage()
+                    msg.results.results.extend(results)
+                    await self.call.write(msg)
                 if not self._outbox:
                     self._idle.set()
         except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError, OSError) as e:

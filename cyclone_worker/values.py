@@ -36,15 +36,17 @@ _MAX_SAFE_INT = 2**53
 MAX_JSON_DEPTH = 24
 
 
-def to_value(obj: Any, path: str = "value", *, exact: bool = True) -> struct_pb2.Value:
-    """`obj` (None, bool, int, float, str, list/tuple, dict with str keys) as a Value.
+def to_value(obj: Any, path: str = "value", *, exact: bool = True,
+             into: struct_pb2.Value | None = None) -> struct_pb2.Value:
+    """`obj` (None, bool, int, float, str, list/tuple, dict with str keys) as a Value
+    (filled into `into`, an empty Value field of a message being built, when given: no copy).
 
     Anything else raises TypeError, and a number JSON cannot hold (NaN, infinity, an int
     beyond 2**53) raises ValueError; both name the offending path, e.g. ``output.rows[2]``.
     `exact=False` sends an int beyond 2**53 as the nearest double instead (the server, for
     payloads it already stored).
     """
-    v = struct_pb2.Value()
+    v = struct_pb2.Value() if into is None else into
     _fill(v, obj, path, exact)
     return v
 
