@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from psycopg.rows import namedtuple_row
+from psycopg.rows import namedtuple_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from cyclone_server.records import MAX_ERROR_DETAILS_BYTES, PreparedJob, Result, canonical_id, parse_id, storable_message
@@ -74,18 +74,21 @@ class StepStore(Core):
         for pending in groups:
             while pending:  # each call applies at least the results of the first run it locks
                 batch = "[" + ",".join(results[i].batch_item(ids[i], self.max_payload_bytes) for i in pending) + "]"
-                rows = await self._all("results_apply", results=batch, max_output_bytes=self.max_payload_bytes)
-                if any(row["available"] for row in rows):  # not after a batch of jobs' completions
+                # Plain tuples (idx, status, ended_child_run, available), as results_apply
+                # selects them: one per result, so no dict is made for each.
+                rows = await self._fetch("results_apply", {"results": batch, "max_output_bytes": self.max_payload_bytes},
+                                         tuple_row)
+                if any(row[3] for row in rows):  # not after a batch of jobs' completions
                     self.announce()
                 busy = []
-                for row in rows:
-                    i = pending[row["idx"] - 1]
-                    if row["status"] == "busy":
+                for idx, status, ended_child_run, _ in rows:
+                    i = pending[idx - 1]
+                    if status == "busy":
                         busy.append(i)
                     else:
-                        out[i] = row["status"]
-                    if row["ended_child_run"] is not None:
-                        ended_children.append(row["ended_child_run"])
+                        out[i] = status
+                    if ended_child_run is not None:
+                        ended_children.append(ended_child_run)
                 pending = sorted(busy)
         if ended_children:
             await self.settle_parents(ended_children)

@@ -92,17 +92,16 @@ def to_result(r: pb.StepResult, max_output_bytes: int) -> Result | str:
     outcome = r.WhichOneof("outcome")
     try:
         if outcome == "completed":
-            if r.completed.oversized_output_bytes < 0:
-                raise InvalidArgument("completed.oversized_output_bytes: must be >= 0, "
-                                      f"got {r.completed.oversized_output_bytes}")
-            if r.completed.oversized_output_bytes > 0:
-                if r.completed.oversized_output_bytes <= max_output_bytes:
+            oversized = r.completed.oversized_output_bytes
+            if oversized < 0:
+                raise InvalidArgument(f"completed.oversized_output_bytes: must be >= 0, got {oversized}")
+            if oversized > 0:
+                if oversized <= max_output_bytes:
                     # Completing with no output would lose it without a word: the worker's bug, said.
-                    raise InvalidArgument(f"completed.oversized_output_bytes: {r.completed.oversized_output_bytes} "
+                    raise InvalidArgument(f"completed.oversized_output_bytes: {oversized} "
                                           f"is not over the limit of {max_output_bytes} bytes "
                                           "(Welcome.max_payload_bytes): send the output itself")
-                return Result(step_id, r.lease_generation, "completed",
-                              oversized_output_bytes=r.completed.oversized_output_bytes)
+                return Result(step_id, r.lease_generation, "completed", oversized_output_bytes=oversized)
             try:
                 output = optional_value(r.completed, "output")
             except CycloneError as e:
