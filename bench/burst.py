@@ -115,8 +115,10 @@ def drain_first(pg, db: str, measure: int, timeout: float, workdir: Path) -> dic
              for _ in range(2)]
     stage = Stage(pg, db, procs, ready, go, server)
     stmts = has_statements(url)
+    # Runs finished after the go only (history.py drains beside runs that finished before).
     query = (f"SELECT {MARK} extract(epoch FROM finished_at) FROM cyclone_runs "
-             "WHERE state IN ('completed', 'failed', 'cancelled') ORDER BY finished_at OFFSET %s LIMIT 1")
+             "WHERE state IN ('completed', 'failed', 'cancelled') AND finished_at >= to_timestamp(%s) "
+             "ORDER BY finished_at OFFSET %s LIMIT 1")
     try:
         for p in procs:
             p.start()
@@ -126,7 +128,7 @@ def drain_first(pg, db: str, measure: int, timeout: float, workdir: Path) -> dic
         with psycopg.connect(url, autocommit=True) as c:
             t0 = time.time()  # finished_at is on this clock
             go.set()
-            while (row := c.execute(query, (measure - 1,)).fetchone()) is None:
+            while (row := c.execute(query, (t0, measure - 1)).fetchone()) is None:
                 if time.time() > t0 + timeout:
                     raise SystemExit(f"{db}: {measure:,} runs not finished after {timeout:.0f} s")
                 time.sleep(POLL)

@@ -1,0 +1,142 @@
+"""History on the hot path: a drain beside ten million terminal steps, against one beside none.
+
+    nice -n 19 .venv/bin/python bench/history.py [--history 10000000] [--jobs 50000] [--rounds 5]
+    nice -n 19 .venv/bin/python bench/history.py --embedded       # the embedded Postgres 18
+
+Two databases of one Postgres, made once and migrated: `empty`, and `history` with --history
+terminal one-step runs (completed, their output stored) that finished over the last days,
+committed 1,000,000 per transaction, then VACUUM ANALYZE and a CHECKPOINT (what autovacuum
+and the checkpointer do while history piles up). Each round, in each database in turn:
+--jobs jobs committed through `cyclone_jobs_enqueue` (5,000 per call), VACUUM ANALYZE and a
+CHECKPOINT (as burst.py's backlog), then a fresh `cyclone-server` and two SDK workers x 64
+slots drain them, timed from the go to the --jobs-th finished run. It prints each case's rate
+per round, the median with min and max, the ratio history/empty per round and its median, the
+tables' and indexes' sizes, and the Postgres version and settings. The target (issue 35):
+history/empty >= 0.95.
+
+--dsn (default the machine's Postgres 15) needs a role that may create databases and run
+CHECKPOINT. The databases are dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from cyclone_server.store.migrate import migrate
+
+# bench/ is sys.path[0] when run as a script
+from _common import note
+from _drain import fmt_int, print_rows
+from _pg import MARK, create_db, settle, start_postgres
+from _report import MIN_ROUNDS, fmt_spread, postgres_line
+from burst import DEFAULT_DSN, External, commit_of_checkout, drain_first, enqueue
+
+CHUNK = 1_000_000  # terminal runs per transaction of the load
+
+# One-step runs of kind "work" that completed, a millisecond apart, ending an hour ago at the
+# latest; the step as the engine leaves it (leased once, its output stored).
+INSERT_HISTORY = f"""
+WITH r AS (
+    INSERT INTO cyclone_runs (id, state, input, result, created_at, updated_at, finished_at)
+    SELECT cyclone_uuid7(), 'completed', jsonb_build_object('order', i),
+           jsonb_build_object('work', jsonb_build_object('shipped', i)), t, t + interval '1 s', t + interval '1 s'
+      FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
+           LATERAL (SELECT now() - interval '1 hour' - (%(total)s::bigint - i) * interval '1 ms' AS t) AS x
+    RETURNING id, result, created_at, finished_at)
+INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims, attempt_timeout,
+                           backoff_initial, backoff_max, scheduled_at, lease_generation, lease_owner,
+                           output, errors, created_at, started_at, finished_at)
+SELECT {MARK} cyclone_uuid7(), r.id, 'work', 'work', 'task', 'completed', 25, 5, interval '10 min',
+       interval '1 s', interval '10 min', r.created_at, 1, 'bench-worker', r.result -> 'work', '[]'::jsonb,
+       r.created_at, r.created_at, r.finished_at
+  FROM r
+"""
+
+SIZES = f"""
+SELECT {MARK} c.relname, pg_size_pretty(pg_table_size(c.oid)) AS table_size,
+       pg_size_pretty(pg_indexes_size(c.oid)) AS indexes_size
+  FROM pg_class c WHERE c.relname IN ('cyclone_runs', 'cyclone_steps') ORDER BY 1
+"""
+
+
+def load_history(url: str, total: int) -> float:
+    t = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as c:
+        for first in range(1, total + 1, CHUNK):
+            c.execute(INSERT_HISTORY, {"first": first, "last": min(first + CHUNK - 1, total), "total": total})
+            note(f"  history: {min(first + CHUNK - 1, total):,} runs")
+    settle(url)
+    return time.monotonic() - t
+
+
+def sizes(url: str) -> str:
+    with psycopg.connect(url, autocommit=True) as c:
+        return ", ".join(f"{name} {table} + indexes {idx}" for name, table, idx in c.execute(SIZES).fetchall())
+
+
+def drain(pg, db: str, jobs: int, timeout: float, workdir: Path) -> float:
+    """`jobs` committed and settled, then drained: the seconds to the last's finish."""
+    url = pg.url(db)
+    enqueue(url, jobs)
+    settle(url)
+    return drain_first(pg, db, jobs, timeout, workdir)["seconds"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--history", type=int, default=10_000_000, help="terminal steps (one-step runs) of history")
+    ap.add_argument("--jobs", type=int, default=50_000, help="jobs drained per round and case")
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
+    ap.add_argument("--dsn", default=DEFAULT_DSN, help=f"a Postgres server's URL (default {DEFAULT_DSN})")
+    ap.add_argument("--embedded", action="store_true", help="an embedded Postgres 18 instead of --dsn")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds one drain may take")
+    args = ap.parse_args()
+    if args.rounds < MIN_ROUNDS:
+        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    with tempfile.TemporaryDirectory(prefix="cyclone-history-") as tmp:
+        workdir = Path(tmp)
+        pg = start_postgres(workdir / "pg") if args.embedded else External(args.dsn)
+        dbs = {"empty": "bench_history_empty", "history": "bench_history_full"}
+        try:
+            settings = postgres_line(pg.url())
+            note(settings)
+            for case, db in dbs.items():
+                url = create_db(pg, db)
+                migrate(url)
+                if case == "history":
+                    note(f"history: loading {args.history:,} terminal runs and steps")
+                    note(f"history: loaded and settled in {load_history(url, args.history):.0f} s")
+            rounds: list[dict[str, float]] = []
+            for r in range(args.rounds):
+                rates = {}
+                for case, db in dbs.items():
+                    seconds = drain(pg, db, args.jobs, args.timeout, workdir)
+                    rates[case] = args.jobs / seconds
+                    note(f"round {r + 1}: {case} {rates[case]:,.0f} jobs/s")
+                rounds.append(rates)
+            print(f"\nhistory: {args.jobs:,} jobs drained beside {args.history:,} terminal steps / none, "
+                  f"Cyclone 2 workers x 64 slots, {len(rounds)} rounds, commit {commit_of_checkout()}, "
+                  f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+            print(settings)
+            for case, db in dbs.items():
+                print(f"{case}: {sizes(pg.url(db))}")
+            rows = [[f"{case}, jobs/s", *[fmt_int(x[case]) for x in rounds], fmt_spread([x[case] for x in rounds])]
+                    for case in dbs]
+            ratios = [x["history"] / x["empty"] for x in rounds]
+            rows.append(["history / empty", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
+            print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
+        finally:
+            with psycopg.connect(pg.url(), autocommit=True) as c:
+                for db in dbs.values():
+                    c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            if args.embedded:
+                pg.stop()
+
+
+if __name__ == "__main__":
+    main()
