@@ -679,6 +679,10 @@ async def test_tidy_removes_the_rows_of_idle_keys_and_keeps_those_in_use(engine:
     await jobs(engine, "k", [{"user": "u5"}])
     assert sorted(x["input"]["user"] for x in await claim(engine, "k", 5)) == ["busy", "u5"]
     assert await rows("cyclone_limit_keys", "key") >= {"u5", "busy"}
+    # Nothing waits anywhere now: every fair clock goes (a kind with no waiting steps places a
+    # key's next step from its own virtual time, as for a fresh key).
+    await engine.tidy_limits()
+    assert await rows("cyclone_fair_keys", "token") == set()
 
 
 # -- bad input -------------------------------------------------------------------------------

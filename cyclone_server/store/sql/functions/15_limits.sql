@@ -969,8 +969,8 @@ $$;
 -- The rows flow control keeps per key, tidied (the servers' background work, every
 -- LIMITS_TIDY_INTERVAL): starts that left their rate's window, the lock rows of keys with no
 -- waiting step and a full bucket (cyclone__rate_left: `paced` passed), and the fair clocks of
--- keys with no waiting step whose clock every kind's virtual time has passed (a key placed
--- again starts at the kind's virtual time: the same place). A claim creates again what it
+-- keys with no waiting step whose clock the virtual time of every kind with waiting steps has
+-- passed (a key placed again starts at the kind's virtual time: the same place). A claim creates again what it
 -- needs; rows a claim holds are skipped. At most p_limit rows of each; returns how many went.
 CREATE OR REPLACE FUNCTION cyclone_limits_tidy(p_limit integer) RETURNS integer
 LANGUAGE plpgsql
@@ -1002,19 +1002,25 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
 
-    SELECT min(c.vt) INTO floor_vt FROM cyclone_fair_clocks c;
-    IF floor_vt IS NOT NULL THEN
-        DELETE FROM cyclone_fair_keys f
-         WHERE f.token IN (
-            SELECT x.token FROM cyclone_fair_keys x
-             WHERE x.vclock <= floor_vt
-               AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                                WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                                  AND s.limit_keys @> ARRAY[x.token])
-             LIMIT p_limit
-               FOR UPDATE OF x SKIP LOCKED);
-        GET DIAGNOSTICS n = ROW_COUNT;
-        total := total + n;
-    END IF;
+    -- Kinds without waiting limited steps do not count: a key's next step there is placed
+    -- among the keys that arrive with it, from the kind's virtual time.
+    SELECT COALESCE(min(c.vt), 'Infinity'::float8) INTO floor_vt FROM cyclone_fair_clocks c
+     WHERE EXISTS (SELECT 1 FROM cyclone_steps s
+                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                      AND s.kind = c.kind)
+        OR EXISTS (SELECT 1 FROM cyclone_steps s
+                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
+                      AND s.kind = c.kind);
+    DELETE FROM cyclone_fair_keys f
+     WHERE f.token IN (
+        SELECT x.token FROM cyclone_fair_keys x
+         WHERE x.vclock <= floor_vt
+           AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                              AND s.limit_keys @> ARRAY[x.token])
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
     RETURN total;
 END $$;
