@@ -12,7 +12,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from engine_helpers import eventually, expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task, violations
+from engine_helpers import (eventually, expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task,
+                            violations, wide_nodes)
 
 from cyclone_server import definitions, limit_spec
 from cyclone_server.errors import InvalidArgument, NotFound
@@ -147,6 +148,101 @@ async def test_a_cap_set_while_a_claim_is_in_flight_is_not_overrun(engine: Engin
         assert await asyncio.wait_for(engine.claim("w2", ["k"], 5, 30), 10) == []
         await first.commit()
     assert await engine.claim("w2", ["k"], 5, 30) == []  # 3 running, cap 1: the cap holds from now on
+
+
+async def test_a_free_key_behind_more_held_keys_than_a_window_is_claimed(engine: Engine, conn) -> None:
+    """200 keys at their cap, each with a step waiting at a higher priority, and one free key:
+    the walk judges every other key's head, however many; next_due reads each key's usage once
+    (no pass over the running steps per key)."""
+    await engine.set_limit(limit("tenants", max_running=1, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": f"t{i:03}"} for i in range(200)] * 2, priority=-1)
+    assert len(await claim(engine, "k", 200)) == 200  # each key at its cap, one step of each held
+    await jobs(engine, "k", [{"tenant": "free"}])
+    await conn.execute("ANALYZE cyclone_steps")
+    plans = await nested_plans(conn, "SELECT cyclone__limits_next_due(ARRAY['k'])", analyze=True)
+    assert wide_nodes(plans, 4 * 201) == {}
+    assert await engine.next_due(["k"]) <= 0.0
+    assert tenants_of(await claim(engine, "k", 1)) == ["free"]
+    assert await engine.next_due(["k"]) is None
+
+
+async def test_next_due_walks_the_keys_when_a_rate_holds_the_window(engine: Engine) -> None:
+    """The window is one key's backlog held by its rate (due in a minute): next_due still finds
+    another key's step claimable now, as the claim does."""
+    await engine.set_limit(limit("api", rate=1, period=60.0, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(100)], priority=-1)
+    assert tenants_of(await claim(engine, "k", 5)) == ["big"]
+    await jobs(engine, "k", [{"tenant": "small"}])
+    assert await engine.next_due(["k"]) <= 0.0
+    assert tenants_of(await claim(engine, "k", 5)) == ["small"]
+    assert 50.0 < await engine.next_due(["k"]) <= 60.05
+
+
+async def test_a_raised_rate_applies_at_the_next_claim(engine: Engine) -> None:
+    """1 start per hour, one taken; SetLimit raises it to 100 per second: the key's pace at the
+    old rate no longer holds it (its bucket starts full; the window still counts the start)."""
+    await engine.set_limit(limit("r", rate=1, period=3600.0, kinds=["k"]))
+    await jobs(engine, "k", list(range(5)))
+    assert len(await claim(engine, "k", 5)) == 1
+    await engine.set_limit(limit("r", rate=100, period=1.0, kinds=["k"]))
+    assert len(await claim(engine, "k", 5)) == 4
+
+
+async def test_a_limit_created_while_a_claim_is_in_flight_is_not_overrun(engine: Engine, conn, db_url: str) -> None:
+    """A claim judged its steps by their tokens, then waits (here on an old start of its key it
+    deletes); meanwhile SetLimit creates limit b (cap 1) for the kind, one step of it running,
+    and gives b's token to the waiting steps. The claim does not take steps whose tokens
+    changed since it judged them: b is never overrun."""
+    import psycopg
+    await engine.set_limit(limit("a", rate=1000, period=1.0, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "y"}])
+    assert len(await claim(engine, "k", 1)) == 1  # y runs
+    await jobs(engine, "k", [{"tenant": "x"}] * 2)
+    await conn.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('a', 'x')")
+    await conn.execute("INSERT INTO cyclone_limit_starts VALUES ('a', 'x', now() - interval '1 hour')")
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_limit_starts WHERE key = 'x' FOR UPDATE")
+        second = asyncio.create_task(engine.claim("w2", ["k"], 5, 30))
+
+        async def waiting() -> bool:
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND wait_event_type = 'Lock'")
+            return row["n"] == 1
+        await eventually(waiting)
+        await engine.set_limit(limit("b", max_running=1, kinds=["k"]))
+        await blocker.rollback()
+    assert await second == []
+    running = await fetch(conn, "SELECT limit_keys FROM cyclone_steps WHERE state = 'running'")
+    assert len(running) == 1 and "b\x1f" in running[0]["limit_keys"]
+    assert await claim(engine, "k", 5) == []  # b is full
+
+
+async def test_claims_making_the_same_new_keys_in_other_orders_never_deadlock(engine: Engine, conn,
+                                                                              db_url: str) -> None:
+    """Claim A (1 step, chunks of 16) makes the new key row of m in its first chunk and, m being
+    out of starts, that of a in its second; claim B (20 steps, one chunk) makes a's, then m's.
+    A is held up in its first chunk (by a lock on an old start of m, which it deletes), so B
+    makes a's row and meets A's m: B does not wait for A (it skips those keys this time)."""
+    import psycopg
+    await engine.set_limit(limit("r", rate=1, period=60.0, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "m", "n": i} for i in range(16)], priority=-1)
+    await jobs(engine, "k", [{"tenant": "a", "n": i} for i in range(60)])
+    await conn.execute("INSERT INTO cyclone_limit_starts VALUES ('r', 'm', now() - interval '1 hour'), "
+                       "('r', 'm', now())")  # m: out of starts, and an old start to delete
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_limit_starts WHERE at < now() - interval '1 minute' FOR UPDATE")
+
+        async def waiting(n: int) -> bool:
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND wait_event_type = 'Lock'")
+            return row["n"] == n
+        a = asyncio.create_task(engine.claim("wA", ["k"], 1, 30))
+        await eventually(lambda: waiting(1))
+        b = await asyncio.wait_for(engine.claim("wB", ["k"], 20, 30), 10)
+        await blocker.rollback()
+    got = [b, await a]
+    assert sum(len(x) for x in got) <= 1  # a's single start of the minute, if its row was made
+    await eventually(lambda: waiting(0))
 
 
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
@@ -299,46 +395,49 @@ async def test_a_node_consumes_the_limits_it_names_under_keys_from_the_input(eng
 # -- rate limits ---------------------------------------------------------------------------
 
 
-async def test_a_rate_limit_spreads_its_quota_over_the_window_and_says_when_the_next_start_is_due(
-        engine: Engine, conn) -> None:
-    """20 starts per second: a burst of at most 2, then a start every 1/20 of the window
-    (cyclone__rate_left), never more than 20 in the window, whatever the claims ask; next_due
-    says when the next start is allowed."""
-    await engine.set_limit(limit("rps", rate=20, period=1.0, kinds=["call"]))
+async def test_a_rate_paces_its_starts_and_says_when_the_next_is_due(engine: Engine, conn) -> None:
+    """20 starts per 10 s: a burst of at most 2, then a start every 1/20 of the window
+    (cyclone__rate_left), whatever the claims ask; next_due says when the next is allowed."""
+    await engine.set_limit(limit("rps", rate=20, period=10.0, kinds=["call"]))
     await jobs(engine, "call", list(range(30)))
     first = await claim(engine, "call", 10)
     assert [x["input"] for x in first] == [0, 1]
     for lease in first:  # finishing does not give starts back: the window does
         await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
     assert await claim(engine, "call", 10) == []
-    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
-    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
-    assert held_by.startswith('limit rps key "": 2/20 starts per 1 s, paced at one per 0.051 s, the next in 0.0'), held_by
-    window = 1.01  # the period and its margin (cyclone__rate_window)
-    pace = window / 20
+    pace = 10.05 / 20  # the period and its margin (cyclone__rate_window), per start
     due = await engine.next_due(["call"])
     assert due is not None and 0.0 < due <= pace
+    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
+    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
+    assert held_by.startswith('limit rps key "": 2/20 starts per 10 s, paced at one per 0.503 s, the next in 0.'), held_by
     got = [x["input"] for x in first]
-    while len(got) < 20:
+    while len(got) < 5:
         await asyncio.sleep(max(await engine.next_due(["call"]), 0.0) + 0.005)  # when the database says
         taken = await claim(engine, "call", 10)
         assert 1 <= len(taken) <= 2
         got += [x["input"] for x in taken]
-    assert got == list(range(20))
-    assert await claim(engine, "call", 10) == []
-    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
-    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
-    assert re.fullmatch(r'limit rps key "": 20/20 starts per 1 s, the next in \d\.\d s', held_by), held_by
+    assert got[:5] == list(range(5))
     starts = [r["at"] for r in await fetch(conn, "SELECT at FROM cyclone_limit_starts ORDER BY at")]
-    assert len(starts) == 20
-    for i in range(len(starts)):  # the pace: at most the burst and one per pace in any span
+    for i in range(len(starts)):  # the pace: at most the burst, and one per pace, in any span
         for j in range(i, len(starts)):
             assert j - i + 1 <= 2 + (starts[j] - starts[i]).total_seconds() / pace + 1e-6, (i, j, starts)
-    # The 21st start waits at least for the first to leave the whole window.
+
+
+async def test_a_rate_holds_its_quota_in_the_window(engine: Engine, conn) -> None:
+    """2 starts per second (the burst is the whole quota): the third waits for the first to
+    leave the window, and GetRun says so."""
+    await engine.set_limit(limit("rps", rate=2, period=1.0, kinds=["call"]))
+    await jobs(engine, "call", list(range(5)))
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [0, 1]
+    assert await claim(engine, "call", 10) == []
     due = await engine.next_due(["call"])
-    assert due >= (starts[0] - starts[-1]).total_seconds() + window - 0.05
+    assert due is not None and 0.0 < due <= 1.01
+    waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
+    held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
+    assert re.fullmatch(r'limit rps key "": 2/2 starts per 1 s, the next in \d\.\d s', held_by), held_by
     await asyncio.sleep(due + 0.005)
-    assert [x["input"] for x in await claim(engine, "call", 10)][:1] == [20]
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [2, 3]  # the first two left together
 
 
 async def test_a_claim_that_chose_a_step_another_claim_took_records_no_start_for_it(

@@ -216,8 +216,11 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone__limit_key_lock(p_limit text, p_key text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO cyclone_limit_keys (limit_name, key) VALUES (p_limit, p_key) ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM cyclone_limit_keys WHERE limit_name = p_limit AND key = p_key FOR UPDATE;
+    LOOP  -- the tidy (cyclone_limits_tidy) may remove an idle key's row between the two
+        INSERT INTO cyclone_limit_keys (limit_name, key) VALUES (p_limit, p_key) ON CONFLICT DO NOTHING;
+        PERFORM 1 FROM cyclone_limit_keys WHERE limit_name = p_limit AND key = p_key FOR UPDATE;
+        EXIT WHEN FOUND;
+    END LOOP;
 END $$;
 
 -- Strategies, when steps arrive (become available for the first time: at submit or
@@ -384,8 +387,9 @@ $$;
 -- and counted, so a claim locks about the keys it takes. If that window is all held and
 -- there are more due steps (one key's backlog at a higher priority, a heavy weight), the head
 -- step of each other key is judged too (cyclone__limits_heads).
-CREATE OR REPLACE FUNCTION cyclone__limits_pick(p_kinds text[], p_limit integer)
-RETURNS TABLE (id uuid, priority integer, scheduled_at timestamptz)
+DROP FUNCTION IF EXISTS cyclone__limits_pick(text[], integer);  -- its rows gained the tokens judged
+CREATE FUNCTION cyclone__limits_pick(p_kinds text[], p_limit integer)
+RETURNS TABLE (id uuid, priority integer, scheduled_at timestamptz, tokens text)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
@@ -416,6 +420,8 @@ DECLARE
     held text[];
     counted text[];
     counted_runs text[];
+    missing text[];
+    saved_lock_timeout text := current_setting('lock_timeout');
     cnt_t text[];
     cnt_n integer[];
     admitted uuid[] := '{}';
@@ -488,11 +494,28 @@ BEGIN
         -- Every key is locked, also one of a limit that only orders its keys: a cap given to
         -- it meanwhile (SetLimit) must find this claim's steps counted by the next claim, and
         -- two claims then share the keys instead of reaching for the same steps.
-        INSERT INTO cyclone_limit_keys (limit_name, key)
-        SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t)
-          FROM unnest(nt, n_scope) AS u (t, scope)
-         WHERE u.scope IS NOT NULL
-        ON CONFLICT DO NOTHING;
+        -- A key's row is made by the first claim that meets it; another claim making the same
+        -- key's row meanwhile would make this one wait for its commit, and two such claims
+        -- making several keys each in other orders (chunks differ with p_limit) could wait on
+        -- each other. So new rows are made under a short lock_timeout, in a subtransaction:
+        -- if one is being made by another claim, none of this chunk's new keys is locked now.
+        missing := ARRAY(SELECT u.t FROM unnest(nt, n_scope) AS u (t, scope)
+                          WHERE u.scope IS NOT NULL
+                            AND NOT EXISTS (SELECT 1 FROM cyclone_limit_keys k
+                                             WHERE k.limit_name = cyclone__token_limit(u.t)
+                                               AND k.key = cyclone__token_key(u.t))
+                          ORDER BY u.t);
+        IF cardinality(missing) > 0 THEN
+            BEGIN
+                PERFORM set_config('lock_timeout', '20ms', true);
+                INSERT INTO cyclone_limit_keys (limit_name, key)
+                SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t) FROM unnest(missing) AS u (t)
+                ON CONFLICT DO NOTHING;
+                PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;  -- the subtransaction's rows and setting are undone; its keys are skipped
+            END;
+        END IF;
         SELECT COALESCE(array_agg(cyclone__limit_token(k.limit_name, k.key)), '{}') INTO held
           FROM (SELECT kk.limit_name, kk.key FROM cyclone_limit_keys kk
                   JOIN unnest(nt) AS v (t)
@@ -601,7 +624,7 @@ BEGIN
       INTO e_ids, e_runs, e_toks, e_pri, e_sched
       FROM cyclone__limits_heads(p_kinds,
                                  ARRAY(SELECT DISTINCT split_part(x.t, chr(30), 1) FROM unnest(c_toks) AS x (t)),
-                                 p_limit * 4 + 64) h;
+                                 NULL) h;
     EXIT WHEN e_ids IS NULL;
     c_ids := c_ids || e_ids;
     c_runs := c_runs || e_runs;
@@ -610,7 +633,7 @@ BEGIN
     c_sched := c_sched || e_sched;
     END LOOP;
 
-    RETURN QUERY SELECT c_ids[x.i], c_pri[x.i], c_sched[x.i] FROM unnest(chosen) AS x (i);
+    RETURN QUERY SELECT c_ids[x.i], c_pri[x.i], c_sched[x.i], c_toks[x.i] FROM unnest(chosen) AS x (i);
 END $$;
 
 -- The claim took these limited steps (now running; called after its UPDATE): their starts count against their rates,
@@ -728,7 +751,7 @@ AS $$
           FROM cyclone_steps s WHERE s.id = ANY (p_ids)
     ), toks AS (
         SELECT array_agg(DISTINCT u.tok) AS ts FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok)
-    ), used AS (  -- running steps and admitted runs per token, in one pass each
+    ), used AS MATERIALIZED (  -- running steps and admitted runs per token, one pass each, once
         SELECT x.t, count(*) AS n, 'steps' AS scope
           FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
          WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && (SELECT ts FROM toks)
@@ -740,14 +763,15 @@ AS $$
          WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && (SELECT ts FROM toks)
            AND x.t = ANY ((SELECT ts FROM toks)::text[])
          GROUP BY x.t
-    ), state AS (
+    ), state AS MATERIALIZED (
         SELECT x.t, l.scope,
                CASE WHEN l.name IS NULL THEN 0.0
-                    WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(
-                         (SELECT u.n FROM used u WHERE u.t = x.t AND u.scope = l.scope), 0) THEN NULL
+                    WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(u.n, 0) THEN NULL
                     WHEN l.rate IS NOT NULL THEN cyclone__rate_due(l, cyclone__token_key(x.t))
                     ELSE 0.0 END AS due
-          FROM (SELECT unnest(ts) AS t FROM toks) x LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+          FROM (SELECT unnest(ts) AS t FROM toks) x
+          LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+          LEFT JOIN used u ON u.t = x.t AND u.scope = l.scope
     )
     SELECT min(m.due)
       FROM (SELECT max(d.due) AS due, bool_or(d.due IS NULL) AS never
@@ -759,9 +783,9 @@ $$;
 
 -- Seconds until a limited step of these kinds may be claimable (NULL: none without a slot
 -- freeing first, which wakes the dispatchers; 0 or less: now, if a claim can lock its
--- keys): the due steps a claim would see first (cyclone__limits_due), and if those are all
--- held, the head step of every key (cyclone__limits_heads) as the claim does. Steps not yet
--- due: when they become due.
+-- keys): the due steps a claim would see first (cyclone__limits_due), and if none of those
+-- is claimable now, the head step of every key (cyclone__limits_heads) as the claim does.
+-- Steps not yet due: when they become due.
 CREATE OR REPLACE FUNCTION cyclone__limits_next_due(p_kinds text[]) RETURNS double precision
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -787,8 +811,8 @@ BEGIN
                AND s.kind = k.kind
              ORDER BY s.priority, s.fair_at, s.id LIMIT 64) w);
     best := cyclone__limits_due(window_ids);
-    IF best IS NULL AND cardinality(window_ids) >= 64 THEN
-        best := cyclone__limits_due(ARRAY(SELECT h.id FROM cyclone__limits_heads(p_kinds, '{}', NULL) h));
+    IF (best IS NULL OR best > 0.0) AND cardinality(window_ids) >= 64 THEN
+        best := least(best, cyclone__limits_due(ARRAY(SELECT h.id FROM cyclone__limits_heads(p_kinds, '{}', NULL) h)));
     END IF;
     RETURN least(best, extract(epoch FROM later - now())::float8);
 END $$;
@@ -876,6 +900,10 @@ BEGIN
     RETURNING (xmax = 0), x.* INTO created, l.name, l.max_running, l.rate, l.period, l.strategy, l.scope,
               l.kinds, l.workflows, l.key_path, l.key_const, l.weights, l.created_at, l.updated_at;
 
+    -- The keys' pace was kept at the old rate: their buckets start full at the new one (the
+    -- window still holds the quota). Before the backfill, so that this waits for claims
+    -- holding the keys before it locks any step.
+    UPDATE cyclone_limit_keys k SET paced = NULL WHERE k.limit_name = l.name AND k.paced IS NOT NULL;
     IF l.scope = 'steps' AND cardinality(l.kinds) > 0 THEN
         UPDATE cyclone_steps s
            SET limit_keys = COALESCE(s.limit_keys, '{}') || cyclone__limit_token(l.name, k.key)
@@ -986,7 +1014,8 @@ BEGIN
         SELECT x.ctid FROM cyclone_limit_starts x
           LEFT JOIN cyclone_limits l ON l.name = x.limit_name
          WHERE l.name IS NULL OR l.rate IS NULL OR x.at <= clock_timestamp() - cyclone__rate_window(l.period)
-         LIMIT p_limit));
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
 

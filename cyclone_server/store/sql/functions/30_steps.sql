@@ -49,6 +49,7 @@ AS $$
 DECLARE
     ids uuid[];
     limited uuid[];
+    judged text[];
 BEGIN
     -- Per kind, so each kind's scan walks the index in order; the outer ORDER BY merges
     -- them. Rows locked here and not claimed are released at commit.
@@ -78,7 +79,8 @@ BEGIN
                       (SELECT 1 FROM cyclone_steps s
                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
                           AND s.fair_at IS NULL AND s.kind = k.kind AND s.scheduled_at <= now() LIMIT 1)) x) THEN
-        SELECT COALESCE(array_agg(p.id), '{}') INTO limited FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
+        SELECT COALESCE(array_agg(p.id), '{}'), COALESCE(array_agg(p.tokens), '{}') INTO limited, judged
+          FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || limited)
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
@@ -90,6 +92,10 @@ BEGIN
                lease_generation = s.lease_generation + 1, started_at = now(),
                attempt_deadline = now() + s.attempt_timeout
          WHERE s.id = ANY (ids) AND s.state = (SELECT 'available'::text)
+           -- a limited step only with the tokens its limits were judged by (a limit created
+           -- or attached meanwhile, SetLimit's backfill, leaves it for the next claim)
+           AND (s.limit_keys IS NULL
+                OR array_to_string(s.limit_keys, chr(30)) = judged[array_position(limited, s.id)])
         RETURNING s.*
     )
     SELECT c.id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
