@@ -494,13 +494,19 @@ BEGIN
         -- Every key is locked, also one of a limit that only orders its keys: a cap given to
         -- it meanwhile (SetLimit) must find this claim's steps counted by the next claim, and
         -- two claims then share the keys instead of reaching for the same steps.
-        -- A key's row is made by the first claim that meets it; another claim making the same
+        SELECT COALESCE(array_agg(cyclone__limit_token(k.limit_name, k.key)), '{}') INTO held
+          FROM (SELECT kk.limit_name, kk.key FROM cyclone_limit_keys kk
+                  JOIN unnest(nt) AS v (t)
+                    ON kk.limit_name = cyclone__token_limit(v.t) AND kk.key = cyclone__token_key(v.t)
+                 ORDER BY kk.limit_name, kk.key
+                   FOR UPDATE OF kk SKIP LOCKED) k;
+        -- A key's row is made by the first claim that meets it. Another claim making the same
         -- key's row meanwhile would make this one wait for its commit, and two such claims
         -- making several keys each in other orders (chunks differ with p_limit) could wait on
         -- each other. So new rows are made under a short lock_timeout, in a subtransaction:
         -- if one is being made by another claim, none of this chunk's new keys is locked now.
         missing := ARRAY(SELECT u.t FROM unnest(nt, n_scope) AS u (t, scope)
-                          WHERE u.scope IS NOT NULL
+                          WHERE u.scope IS NOT NULL AND NOT u.t = ANY (held)
                             AND NOT EXISTS (SELECT 1 FROM cyclone_limit_keys k
                                              WHERE k.limit_name = cyclone__token_limit(u.t)
                                                AND k.key = cyclone__token_key(u.t))
@@ -508,20 +514,18 @@ BEGIN
         IF cardinality(missing) > 0 THEN
             BEGIN
                 PERFORM set_config('lock_timeout', '20ms', true);
-                INSERT INTO cyclone_limit_keys (limit_name, key)
-                SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t) FROM unnest(missing) AS u (t)
-                ON CONFLICT DO NOTHING;
+                WITH made AS (
+                    INSERT INTO cyclone_limit_keys (limit_name, key)
+                    SELECT cyclone__token_limit(u.t), cyclone__token_key(u.t) FROM unnest(missing) AS u (t)
+                    ON CONFLICT DO NOTHING
+                    RETURNING limit_name, key)
+                SELECT held || COALESCE(array_agg(cyclone__limit_token(m.limit_name, m.key)), '{}') INTO held
+                  FROM made m;
                 PERFORM set_config('lock_timeout', saved_lock_timeout, true);
             EXCEPTION WHEN lock_not_available THEN
                 NULL;  -- the subtransaction's rows and setting are undone; its keys are skipped
             END;
         END IF;
-        SELECT COALESCE(array_agg(cyclone__limit_token(k.limit_name, k.key)), '{}') INTO held
-          FROM (SELECT kk.limit_name, kk.key FROM cyclone_limit_keys kk
-                  JOIN unnest(nt) AS v (t)
-                    ON kk.limit_name = cyclone__token_limit(v.t) AND kk.key = cyclone__token_key(v.t)
-                 ORDER BY kk.limit_name, kk.key
-                   FOR UPDATE OF kk SKIP LOCKED) k;
         n_locked := ARRAY(SELECT u.t = ANY (held) FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
         -- The limits as they are now that the keys are locked (a SetLimit committed since the
         -- read above is seen: each statement of this function takes a fresh snapshot).
