@@ -334,6 +334,34 @@ BEGIN
     END LOOP;
 END $$;
 
+-- The slots taken under these tokens: running steps for tokens of limits of steps
+-- (p_steps), admitted active runs for tokens of limits of runs (p_runs); a run's steps carry
+-- its tokens too, so each scope counts its own rows only. One pass each through the GIN
+-- indexes of tokens, grouped by token; tokens with none are left out.
+CREATE OR REPLACE FUNCTION cyclone__limits_used(p_steps text[], p_runs text[])
+RETURNS TABLE (t text, n integer)
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT x.t, count(*)::integer
+      FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
+     WHERE cardinality(p_steps) > 0
+       AND s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && p_steps
+       AND x.t = ANY (p_steps)
+     GROUP BY x.t
+    UNION ALL
+    SELECT x.t, count(*)::integer
+      FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
+     WHERE cardinality(p_runs) > 0
+       AND r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && p_runs
+       AND x.t = ANY (p_runs)
+     GROUP BY x.t;
+END $$;
+
 -- The head step of each key (first token) of these kinds, past the keys in p_skip, in the
 -- fair order (kinds merged by distance from their own virtual time), at most p_limit: what a
 -- claim looks at when the first steps of the fair order are all held, so that a free key's
@@ -535,27 +563,13 @@ BEGIN
           FROM unnest(nt) WITH ORDINALITY AS u (t, ord)
           LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t);
         clock := clock_timestamp();
-        -- The slots taken under the locked keys with a cap: running steps for a limit of steps,
-        -- admitted active runs for a limit of runs (a run's steps carry its tokens too, so
-        -- each scope counts its own rows only); one pass each through the GIN indexes of tokens.
+        -- The slots taken under the locked keys with a cap (cyclone__limits_used).
         counted := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max, n_scope) AS u (t, locked, mx, scope)
                           WHERE u.locked AND u.mx IS NOT NULL AND u.scope = 'steps');
         counted_runs := ARRAY(SELECT u.t FROM unnest(nt, n_locked, n_max, n_scope) AS u (t, locked, mx, scope)
                                WHERE u.locked AND u.mx IS NOT NULL AND u.scope = 'runs');
         SELECT COALESCE(array_agg(c.t), '{}'), COALESCE(array_agg(c.n), '{}') INTO cnt_t, cnt_n
-          FROM (SELECT x.t, count(*)::integer AS n
-                  FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
-                 WHERE cardinality(counted) > 0
-                   AND s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && counted
-                   AND x.t = ANY (counted)
-                 GROUP BY x.t
-                UNION ALL
-                SELECT x.t, count(*)::integer
-                  FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
-                 WHERE cardinality(counted_runs) > 0
-                   AND r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && counted_runs
-                   AND x.t = ANY (counted_runs)
-                 GROUP BY x.t) c;
+          FROM cyclone__limits_used(counted, counted_runs) c;
         tk_slots := tk_slots || ARRAY(
             SELECT CASE
                    WHEN n_scope[u.ord] IS NULL OR NOT n_locked[u.ord] OR n_max[u.ord] IS NULL THEN n_max[u.ord]
@@ -753,29 +767,21 @@ AS $$
         SELECT s.id, s.limit_keys,
                (SELECT r.limit_admitted FROM cyclone_runs r WHERE r.id = s.run_id) AS admitted
           FROM cyclone_steps s WHERE s.id = ANY (p_ids)
-    ), toks AS (
-        SELECT array_agg(DISTINCT u.tok) AS ts FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok)
-    ), used AS MATERIALIZED (  -- running steps and admitted runs per token, one pass each, once
-        SELECT x.t, count(*) AS n, 'steps' AS scope
-          FROM cyclone_steps s CROSS JOIN LATERAL unnest(s.limit_keys) AS x (t)
-         WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys && (SELECT ts FROM toks)
-           AND x.t = ANY ((SELECT ts FROM toks)::text[])
-         GROUP BY x.t
-        UNION ALL
-        SELECT x.t, count(*), 'runs'
-          FROM cyclone_runs r CROSS JOIN LATERAL unnest(r.limit_keys) AS x (t)
-         WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys && (SELECT ts FROM toks)
-           AND x.t = ANY ((SELECT ts FROM toks)::text[])
-         GROUP BY x.t
-    ), state AS MATERIALIZED (
-        SELECT x.t, l.scope,
-               CASE WHEN l.name IS NULL THEN 0.0
-                    WHEN l.max_running IS NOT NULL AND l.max_running <= COALESCE(u.n, 0) THEN NULL
-                    WHEN l.rate IS NOT NULL THEN cyclone__rate_due(l, cyclone__token_key(x.t))
-                    ELSE 0.0 END AS due
-          FROM (SELECT unnest(ts) AS t FROM toks) x
+    ), toks AS MATERIALIZED (
+        SELECT x.t, l AS lim
+          FROM (SELECT DISTINCT u.tok AS t FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok)) x
           LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
-          LEFT JOIN used u ON u.t = x.t AND u.scope = l.scope
+    ), used AS MATERIALIZED (  -- the slots taken under the tokens with a cap, once
+        SELECT u.t, u.n FROM cyclone__limits_used(
+            ARRAY(SELECT k.t FROM toks k WHERE (k.lim).scope = 'steps' AND (k.lim).max_running IS NOT NULL),
+            ARRAY(SELECT k.t FROM toks k WHERE (k.lim).scope = 'runs' AND (k.lim).max_running IS NOT NULL)) u
+    ), state AS MATERIALIZED (
+        SELECT k.t, (k.lim).scope AS scope,
+               CASE WHEN (k.lim).name IS NULL THEN 0.0
+                    WHEN (k.lim).max_running IS NOT NULL AND (k.lim).max_running <= COALESCE(u.n, 0) THEN NULL
+                    WHEN (k.lim).rate IS NOT NULL THEN cyclone__rate_due(k.lim, cyclone__token_key(k.t))
+                    ELSE 0.0 END AS due
+          FROM toks k LEFT JOIN used u ON u.t = k.t
     )
     SELECT min(m.due)
       FROM (SELECT max(d.due) AS due, bool_or(d.due IS NULL) AS never
@@ -841,13 +847,11 @@ BEGIN
         k := cyclone__token_key(t);
         IF l.max_running IS NOT NULL THEN
             IF l.scope = 'steps' THEN
-                SELECT count(*) INTO n FROM cyclone_steps s
-                 WHERE s.state = 'running' AND s.limit_keys IS NOT NULL AND s.limit_keys @> ARRAY[t];
+                n := COALESCE((SELECT u.n FROM cyclone__limits_used(ARRAY[t], '{}') u), 0);
             ELSIF EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = p_step.run_id AND r.limit_admitted) THEN
                 n := 0;
             ELSE
-                SELECT count(*) INTO n FROM cyclone_runs r
-                 WHERE r.limit_admitted AND r.state IN ('running', 'paused') AND r.limit_keys @> ARRAY[t];
+                n := COALESCE((SELECT u.n FROM cyclone__limits_used('{}', ARRAY[t]) u), 0);
             END IF;
             IF n >= l.max_running THEN
                 RETURN format('limit %s key %s: %s/%s %s', l.name, CASE WHEN k = '' THEN '""' ELSE k END, n,
