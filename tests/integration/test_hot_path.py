@@ -223,9 +223,9 @@ async def test_the_claims_plan_made_once_reaches_each_step_by_index(engine: Engi
           FROM generate_series(1, 30000) i""")
     plans = await nested_plans(conn, "SELECT node FROM cyclone_steps_claim('w', ARRAY['k'], 5, '30 s')",
                                analyze=True)
-    # Its statements: whether these kinds have steps with limits (none here), the pick, the update.
+    # Its statements: the pick of steps without limits, of those with limits (none here), the update.
     claim = [plan for text, plan in plans if "WITH claimed" in text or "ids := ARRAY" in text
-             or "EXISTS (SELECT 1 FROM unnest(p_kinds)" in text]
+             or "FROM cyclone__limits_pick(p_kinds" in text]
     assert len(claim) == 3, plans
     for plan in claim:
         nodes = plan_nodes(plan)

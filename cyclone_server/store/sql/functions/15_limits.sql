@@ -411,8 +411,8 @@ $$;
 --
 -- The first p_limit * 4 + 64 due steps of the fair order are looked at: it interleaves the
 -- keys, so the steps of keys at their limit are usually at most as many as those keys. They
--- are judged in chunks (2 x p_limit, then doubling), and only the keys of a chunk are locked
--- and counted, so a claim locks about the keys it takes. If that window is all held and
+-- are read and judged in chunks (2 x p_limit, then doubling), and only the keys of a chunk
+-- are locked and counted, so a claim reads, locks and counts about the steps and keys it takes. If that window is all held and
 -- there are more due steps (one key's backlog at a higher priority, a heavy weight), the head
 -- step of each other key is judged too (cyclone__limits_heads).
 DROP FUNCTION IF EXISTS cyclone__limits_pick(text[], integer);  -- its rows gained the tokens judged
@@ -434,7 +434,22 @@ DECLARE
     e_toks text[];
     e_pri integer[];
     e_sched timestamptz[];
-    whole boolean;               -- the window held every due step
+    whole boolean := false;      -- the window held every due step
+    any_runs boolean;            -- a token judged so far is of a limit of runs
+    cap integer := p_limit * 4 + 64;  -- the window's size
+    got integer := 0;
+    want integer;
+    w_ids uuid[];                -- a read of the window
+    w_runs uuid[];
+    w_toks text[];
+    w_pri integer[];
+    w_sched timestamptz[];
+    w_kinds text[];
+    w_fair double precision[];
+    at_kinds text[] := '{}';     -- per kind, the last step of the window read so far
+    at_pri integer[] := '{}';
+    at_fair double precision[] := '{}';
+    at_ids uuid[] := '{}';
     tk text[] := '{}';           -- the tokens judged so far, and per token:
     tk_scope text[] := '{}';     --   its limit's scope (NULL: no such limit: not limited)
     tk_locked boolean[] := '{}';
@@ -478,33 +493,55 @@ BEGIN
          WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text);
     END IF;
 
-    SELECT array_agg(c.id ORDER BY c.priority, c.fair_at, c.id),
-           array_agg(c.run_id ORDER BY c.priority, c.fair_at, c.id),
-           array_agg(array_to_string(c.limit_keys, chr(30)) ORDER BY c.priority, c.fair_at, c.id),
-           array_agg(c.priority ORDER BY c.priority, c.fair_at, c.id),
-           array_agg(c.scheduled_at ORDER BY c.priority, c.fair_at, c.id)
-      INTO c_ids, c_runs, c_toks, c_pri, c_sched
-      -- Each kind has its own virtual time: kinds are merged by how far each step stands
-      -- from its kind's (fair_at - vt), so one kind's held backlog does not hide another's.
-      FROM (SELECT w.id, w.run_id, w.limit_keys, w.priority, w.fair_at - COALESCE(v.vt, 0.0) AS fair_at,
-                   w.scheduled_at
-              FROM unnest(p_kinds) AS k (kind)
-             CROSS JOIN LATERAL (
-                SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at FROM cyclone_steps s
-                 WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                   AND s.kind = k.kind
-                 ORDER BY s.priority, s.fair_at, s.id
-                 LIMIT p_limit * 4 + 64) w
-              LEFT JOIN cyclone_fair_clocks v ON v.kind = k.kind
-             ORDER BY w.priority, w.fair_at - COALESCE(v.vt, 0.0), w.id
-             LIMIT p_limit * 4 + 64) c;
-    IF c_ids IS NULL THEN
-        RETURN;
-    END IF;
-    whole := array_length(c_ids, 1) < p_limit * 4 + 64;
-
+    -- The window: the first cap due steps of the fair order, read a chunk at a time as the
+    -- chunks are judged (a claim that fills from its first chunk reads no more), each read
+    -- continuing every kind from the last step of it read so far.
     LOOP
-    WHILE lo <= array_length(c_ids, 1) AND cardinality(chosen) < p_limit LOOP
+    WHILE cardinality(chosen) < p_limit LOOP
+        IF lo > COALESCE(array_length(c_ids, 1), 0) THEN
+            EXIT WHEN whole OR got >= cap;
+            want := least(chunk, cap - got);
+            IF w_ids IS NOT NULL THEN  -- where each kind's next read starts: after its last step read
+                SELECT array_agg(x.kind), array_agg(x.pri), array_agg(x.fair), array_agg(x.id)
+                  INTO at_kinds, at_pri, at_fair, at_ids
+                  FROM (SELECT DISTINCT ON (u.kind) u.kind, u.pri, u.fair, u.id
+                          FROM (SELECT * FROM unnest(at_kinds, at_pri, at_fair, at_ids)
+                                UNION ALL
+                                SELECT * FROM unnest(w_kinds, w_pri, w_fair, w_ids)) AS u (kind, pri, fair, id)
+                         ORDER BY u.kind, u.pri DESC, u.fair DESC, u.id DESC) x;
+            END IF;
+            SELECT array_agg(c.id), array_agg(c.run_id), array_agg(array_to_string(c.limit_keys, chr(30))),
+                   array_agg(c.priority), array_agg(c.scheduled_at), array_agg(c.kind), array_agg(c.raw)
+              INTO w_ids, w_runs, w_toks, w_pri, w_sched, w_kinds, w_fair
+              -- Each kind has its own virtual time: kinds are merged by how far each step stands
+              -- from its kind's (fair_at - vt), so one kind's held backlog does not hide another's.
+              -- (array_agg keeps the order of the sorted subquery.)
+              FROM (SELECT w.id, w.run_id, w.limit_keys, w.priority, w.scheduled_at, k.kind, w.fair_at AS raw
+                      FROM unnest(p_kinds) AS k (kind)
+                      LEFT JOIN unnest(at_kinds, at_pri, at_fair, at_ids) AS a (kind, pri, fair, id)
+                        ON a.kind = k.kind
+                     CROSS JOIN LATERAL (
+                        SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at
+                          FROM cyclone_steps s
+                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                           AND s.kind = k.kind
+                           AND (s.priority, s.fair_at, s.id)
+                               > (COALESCE(a.pri, -2147483648), COALESCE(a.fair, '-Infinity'::float8),
+                                  COALESCE(a.id, '00000000-0000-0000-0000-000000000000'::uuid))
+                         ORDER BY s.priority, s.fair_at, s.id
+                         LIMIT want) w
+                      LEFT JOIN cyclone_fair_clocks v ON v.kind = k.kind
+                     ORDER BY w.priority, w.fair_at - COALESCE(v.vt, 0.0), w.id
+                     LIMIT want) c;
+            got := got + COALESCE(cardinality(w_ids), 0);
+            whole := COALESCE(cardinality(w_ids), 0) < want;  -- the window holds every due step
+            EXIT WHEN w_ids IS NULL;
+            c_ids := COALESCE(c_ids, '{}') || w_ids;
+            c_runs := COALESCE(c_runs, '{}') || w_runs;
+            c_toks := COALESCE(c_toks, '{}') || w_toks;
+            c_pri := COALESCE(c_pri, '{}') || w_pri;
+            c_sched := COALESCE(c_sched, '{}') || w_sched;
+        END IF;
         hi := least(array_length(c_ids, 1), lo + chunk - 1);
         -- The chunk's new tokens: their limits, their keys locked (in one order; skipping
         -- those another claim or arrival holds), then (statements after the lock see every
@@ -514,11 +551,6 @@ BEGIN
                   FROM unnest(string_to_array(array_to_string(c_toks[lo:hi], chr(30)), chr(30))) AS x (t)
                  WHERE NOT x.t = ANY (tk)) u;
         IF cardinality(nt) > 0 THEN
-        SELECT array_agg(l.scope ORDER BY u.ord), array_agg(l.max_running ORDER BY u.ord),
-               array_agg(l.rate ORDER BY u.ord)
-          INTO n_scope, n_max, n_rate
-          FROM unnest(nt) WITH ORDINALITY AS u (t, ord)
-          LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t);
         -- Every key is locked, also one of a limit that only orders its keys: a cap given to
         -- it meanwhile (SetLimit) must find this claim's steps counted by the next claim, and
         -- two claims then share the keys instead of reaching for the same steps.
@@ -533,12 +565,18 @@ BEGIN
         -- making several keys each in other orders (chunks differ with p_limit) could wait on
         -- each other. So new rows are made under a short lock_timeout, in a subtransaction:
         -- if one is being made by another claim, none of this chunk's new keys is locked now.
-        missing := ARRAY(SELECT u.t FROM unnest(nt, n_scope) AS u (t, scope)
-                          WHERE u.scope IS NOT NULL AND NOT u.t = ANY (held)
-                            AND NOT EXISTS (SELECT 1 FROM cyclone_limit_keys k
-                                             WHERE k.limit_name = cyclone__token_limit(u.t)
-                                               AND k.key = cyclone__token_key(u.t))
-                          ORDER BY u.t);
+        -- (Keys of limits deleted meanwhile are not made: their steps are not limited.)
+        IF cardinality(held) < cardinality(nt) THEN
+            missing := ARRAY(SELECT u.t FROM unnest(nt) AS u (t)
+                              WHERE NOT u.t = ANY (held)
+                                AND EXISTS (SELECT 1 FROM cyclone_limits l WHERE l.name = cyclone__token_limit(u.t))
+                                AND NOT EXISTS (SELECT 1 FROM cyclone_limit_keys k
+                                                 WHERE k.limit_name = cyclone__token_limit(u.t)
+                                                   AND k.key = cyclone__token_key(u.t))
+                              ORDER BY u.t);
+        ELSE
+            missing := '{}';
+        END IF;
         IF cardinality(missing) > 0 THEN
             BEGIN
                 PERFORM set_config('lock_timeout', '20ms', true);
@@ -554,9 +592,13 @@ BEGIN
                 NULL;  -- the subtransaction's rows and setting are undone; its keys are skipped
             END;
         END IF;
-        n_locked := ARRAY(SELECT u.t = ANY (held) FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
-        -- The limits as they are now that the keys are locked (a SetLimit committed since the
-        -- read above is seen: each statement of this function takes a fresh snapshot).
+        IF cardinality(held) = cardinality(nt) THEN  -- (held: a subset of nt, each once)
+            n_locked := array_fill(true, ARRAY[cardinality(nt)]);
+        ELSE
+            n_locked := ARRAY(SELECT u.t = ANY (held) FROM unnest(nt) WITH ORDINALITY AS u (t, ord) ORDER BY u.ord);
+        END IF;
+        -- The limits, read once their keys are locked (each statement of this function takes a
+        -- fresh snapshot: a SetLimit committed before the lock is seen).
         SELECT array_agg(l.scope ORDER BY u.ord), array_agg(l.max_running ORDER BY u.ord),
                array_agg(l.rate ORDER BY u.ord)
           INTO n_scope, n_max, n_rate
@@ -596,7 +638,8 @@ BEGIN
         tk_scope := tk_scope || n_scope;
         tk_locked := tk_locked || n_locked;
         END IF;
-        IF 'runs' = ANY (tk_scope) THEN  -- the chunk's runs that hold their slot already
+        any_runs := 'runs' = ANY (tk_scope);
+        IF any_runs THEN  -- the chunk's runs that hold their slot already
             admitted := admitted || ARRAY(SELECT r.id FROM cyclone_runs r
                                            WHERE r.id = ANY (c_runs[lo:hi]) AND r.limit_admitted
                                              AND NOT r.id = ANY (admitted));
@@ -625,7 +668,7 @@ BEGIN
                 tk_slots[j] := tk_slots[j] - 1;
                 tk_rate[j] := tk_rate[j] - 1;
             END LOOP;
-            IF EXISTS (SELECT 1 FROM unnest(st) AS x (t) WHERE tk_scope[array_position(tk, x.t)] = 'runs') THEN
+            IF any_runs AND EXISTS (SELECT 1 FROM unnest(st) AS x (t) WHERE tk_scope[array_position(tk, x.t)] = 'runs') THEN
                 admitted := admitted || c_runs[i];
             END IF;
             chosen := chosen || i;
@@ -635,7 +678,7 @@ BEGIN
     END LOOP;
     -- The window was all judged and did not fill the claim, and there are more due steps than
     -- it held: the head step of every other key, in the fair order (cyclone__limits_heads).
-    EXIT WHEN cardinality(chosen) >= p_limit OR whole;
+    EXIT WHEN cardinality(chosen) >= p_limit OR whole OR c_ids IS NULL;
     whole := true;
     SELECT array_agg(h.id), array_agg(h.run_id), array_agg(array_to_string(h.limit_keys, chr(30))),
            array_agg(h.priority), array_agg(h.scheduled_at)
@@ -665,42 +708,62 @@ SET jit = off
 AS $$
 DECLARE
     clock timestamptz := clock_timestamp();
-    c record;
+    m_runs uuid[];
+    m_toks text[];
+    m_scope text[];
+    m_rated boolean[];
+    m_kinds text[];
+    m_at double precision[];
+    i integer;
 BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
     -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
     -- now(). A step the pick chose from a snapshot taken before another claim of its key
-    -- committed is running too, but that claim's start, not this one's.
-    p_ids := ARRAY(SELECT s.id FROM cyclone_steps s
-                    WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
-                      AND s.started_at = now());
-    WITH newly AS (
-        UPDATE cyclone_runs r SET limit_admitted = true
-         WHERE r.id = ANY (ARRAY(SELECT s.run_id FROM cyclone_steps s WHERE s.id = ANY (p_ids)))
-           AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
-        RETURNING r.limit_keys
-    ), started AS (
-        INSERT INTO cyclone_limit_starts (limit_name, key, at)
-        SELECT l.name, cyclone__token_key(u.t), clock
-          -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
-          FROM (SELECT t, 'steps' AS scope FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t
-                 WHERE s.id = ANY (p_ids)
-                 UNION ALL
-                SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
-          JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope
-        RETURNING limit_name, key)
-    -- The keys' pace (cyclone__rate_left): their rows are locked by this claim (cyclone__limits_pick).
-    UPDATE cyclone_limit_keys k SET paced = greatest(k.paced, clock) + g.n * cyclone__rate_pace(l)
-      FROM (SELECT st.limit_name, st.key, count(*) AS n FROM started st GROUP BY st.limit_name, st.key) g
-      JOIN cyclone_limits l ON l.name = g.limit_name
-     WHERE k.limit_name = g.limit_name AND k.key = g.key;
-    FOR c IN SELECT s.kind, max(s.fair_at) AS at FROM cyclone_steps s
-              WHERE s.id = ANY (p_ids) AND s.fair_at IS NOT NULL GROUP BY s.kind ORDER BY s.kind LOOP
-        INSERT INTO cyclone_fair_clocks (kind, vt) VALUES (c.kind, c.at) ON CONFLICT (kind) DO NOTHING;
-        UPDATE cyclone_fair_clocks f SET vt = c.at
-         WHERE f.kind = (SELECT x.kind FROM cyclone_fair_clocks x WHERE x.kind = c.kind AND x.vt < c.at
+    -- committed is running too, but that claim's start, not this one's. Read once: per token
+    -- of theirs whose limit exists, the step's run and the limit's scope; per kind, the
+    -- furthest fair place taken.
+    WITH mine AS MATERIALIZED (
+        SELECT s.run_id, s.limit_keys, s.kind, s.fair_at FROM cyclone_steps s
+         WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
+           AND s.started_at = now()
+    ), toks AS MATERIALIZED (
+        SELECT m.run_id, x.t, l.scope, l.rate IS NOT NULL AS rated FROM mine m CROSS JOIN unnest(m.limit_keys) AS x (t)
+          JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+    ), kinds AS MATERIALIZED (
+        SELECT m.kind, max(m.fair_at) AS at FROM mine m WHERE m.fair_at IS NOT NULL GROUP BY m.kind
+    )
+    SELECT a.runs, a.toks, a.scopes, a.rated, b.kinds, b.ats INTO m_runs, m_toks, m_scope, m_rated, m_kinds, m_at
+      FROM (SELECT array_agg(t.run_id) AS runs, array_agg(t.t) AS toks, array_agg(t.scope) AS scopes,
+                   array_agg(t.rated) AS rated FROM toks t) a,
+           (SELECT array_agg(k.kind ORDER BY k.kind) AS kinds, array_agg(k.at ORDER BY k.kind) AS ats FROM kinds k) b;
+    IF 'runs' = ANY (m_scope) OR true = ANY (m_rated) THEN  -- (else no admission, no start to count)
+        WITH newly AS (
+            -- A run holds the slot of its limits of runs from its first step's start.
+            UPDATE cyclone_runs r SET limit_admitted = true
+             WHERE r.id = ANY (ARRAY(SELECT u.r FROM unnest(m_runs, m_scope) AS u (r, scope) WHERE u.scope = 'runs'))
+               AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
+            RETURNING r.limit_keys
+        ), started AS (
+            INSERT INTO cyclone_limit_starts (limit_name, key, at)
+            SELECT l.name, cyclone__token_key(u.t), clock
+              -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
+              FROM (SELECT u.t, 'steps' AS scope FROM unnest(m_toks, m_scope) AS u (t, scope) WHERE u.scope = 'steps'
+                     UNION ALL
+                    SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
+              JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope
+            RETURNING limit_name, key)
+        -- The keys' pace (cyclone__rate_left): their rows are locked by this claim (cyclone__limits_pick).
+        UPDATE cyclone_limit_keys k SET paced = greatest(k.paced, clock) + g.n * cyclone__rate_pace(l)
+          FROM (SELECT st.limit_name, st.key, count(*) AS n FROM started st GROUP BY st.limit_name, st.key) g
+          JOIN cyclone_limits l ON l.name = g.limit_name
+         WHERE k.limit_name = g.limit_name AND k.key = g.key;
+    END IF;
+    FOR i IN 1 .. COALESCE(cardinality(m_kinds), 0) LOOP
+        INSERT INTO cyclone_fair_clocks (kind, vt) VALUES (m_kinds[i], m_at[i]) ON CONFLICT (kind) DO NOTHING;
+        UPDATE cyclone_fair_clocks f SET vt = m_at[i]
+         WHERE f.kind = (SELECT x.kind FROM cyclone_fair_clocks x WHERE x.kind = m_kinds[i] AND x.vt < m_at[i]
                             FOR UPDATE SKIP LOCKED);
     END LOOP;
 END $$;

@@ -65,22 +65,16 @@ BEGIN
                FOR UPDATE SKIP LOCKED) c
          ORDER BY c.priority, c.scheduled_at, c.id
          LIMIT p_limit);
-    -- Steps with limits (docs/flow-control.md) have indexes of their own: when these kinds
-    -- have some available (one index probe per kind and index: LIMIT 1 in a lateral
-    -- subquery, which the planner cannot turn into a hashed scan of a whole index), the
-    -- ones a claim may take (their keys locked until commit) join the others, in order of
-    -- priority, then of the time they became claimable.
-    IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k (kind)
-                CROSS JOIN LATERAL (
-                      (SELECT 1 FROM cyclone_steps s
-                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                          AND s.fair_at IS NOT NULL AND s.kind = k.kind LIMIT 1)
-                      UNION ALL
-                      (SELECT 1 FROM cyclone_steps s
-                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                          AND s.fair_at IS NULL AND s.kind = k.kind AND s.scheduled_at <= now() LIMIT 1)) x) THEN
-        SELECT COALESCE(array_agg(p.id), '{}'), COALESCE(array_agg(p.tokens), '{}') INTO limited, judged
-          FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
+    -- Steps with limits (docs/flow-control.md) have indexes of their own: the ones a claim may
+    -- take (their keys locked until commit) join the others, in order of priority, then of the
+    -- time they became claimable. The pick finds none at the cost of two empty index probes
+    -- (about 10 us more than a probe of its own here, which costs as much as the pick's first
+    -- reads when there are limited steps: the fair order's first entries, often dead).
+    SELECT COALESCE(array_agg(p.id), '{}'), COALESCE(array_agg(p.tokens), '{}') INTO limited, judged
+      FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
+    IF cardinality(ids) = 0 THEN
+        ids := limited;  -- at most p_limit; the UPDATE below takes them in any order
+    ELSIF cardinality(limited) > 0 THEN
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || limited)
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
@@ -195,15 +189,19 @@ BEGIN
                     ORDER BY s.scheduled_at LIMIT 1) AS at
              FROM p WHERE p.priority IS NOT NULL) n;
     -- Steps with limits: when a limit lets one be claimed (cyclone__limits_next_due).
+    -- (First, one probe per kind and index for any: each the first entry in the index's order,
+    -- or a generic plan may take the first row of another index of the steps and filter.)
     IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k (kind)
                 CROSS JOIN LATERAL (
                       (SELECT 1 FROM cyclone_steps s
                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                          AND s.fair_at IS NOT NULL AND s.kind = k.kind LIMIT 1)
+                          AND s.fair_at IS NOT NULL AND s.kind = k.kind
+                        ORDER BY s.priority, s.fair_at LIMIT 1)
                       UNION ALL
                       (SELECT 1 FROM cyclone_steps s
                         WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                          AND s.fair_at IS NULL AND s.kind = k.kind LIMIT 1)) x) THEN
+                          AND s.fair_at IS NULL AND s.kind = k.kind
+                        ORDER BY s.scheduled_at LIMIT 1)) x) THEN
         seconds := least(seconds, cyclone__limits_next_due(p_kinds));
     END IF;
     RETURN seconds;
