@@ -301,14 +301,16 @@ def part_b(pg, case: str, args, workdir: Path) -> float:
 
 # -- c: fair dispatch --------------------------------------------------------------------------------
 
-async def enqueue_tenants(address: str, tenants: list[str], jobs: int) -> list[str]:
-    """One EnqueueMany of `jobs` per tenant, all at once; the run ids."""
+async def enqueue_tenants(address: str, tenants: list[str], jobs: int) -> tuple[list[str], list[float]]:
+    """One EnqueueMany of `jobs` per tenant, all at once; the run ids, and how long each call took."""
     from cyclone_worker import Client, Job
     async with Client(address) as client:
-        async def one(tenant: str) -> list[str]:
+        async def one(tenant: str) -> tuple[list[str], float]:
             at = time.time()
-            return await client.enqueue_many([Job(KIND, {"i": i, "tenant": tenant, "at": at}) for i in range(jobs)])
-        return [r for ids in await asyncio.gather(*(one(t) for t in tenants)) for r in ids]
+            ids = await client.enqueue_many([Job(KIND, {"i": i, "tenant": tenant, "at": at}) for i in range(jobs)])
+            return ids, time.time() - at
+        done = await asyncio.gather(*(one(t) for t in tenants))
+        return [r for ids, _ in done for r in ids], [took for _, took in done]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -331,7 +333,7 @@ def part_c(pg, args, workdir: Path) -> dict:
             go.set()
             time.sleep(args.c_delay)
             t_enq = time.time()
-            runs = asyncio.run(enqueue_tenants(stage.addresses[0], others, args.c_jobs))
+            runs, took = asyncio.run(enqueue_tenants(stage.addresses[0], others, args.c_jobs))
             t_done = time.time()  # every EnqueueMany answered: committed
             ids = "{" + ",".join(runs) + "}"
             wait_for(url, f"SELECT {MARK} count(*) = {len(runs)} FROM cyclone_runs WHERE id = ANY ('{ids}'::uuid[]) "
@@ -356,7 +358,8 @@ def part_c(pg, args, workdir: Path) -> dict:
     fair = (len(others) + 1) * args.c_jobs / rate
     return {"waits": {k: (statistics.median(v), pct(v, 0.99), len(v)) for k, v in waits.items()},
             "finish": last - t_enq, "fair": fair, "ratio": (last - t_enq) / fair, "rate": rate,
-            "calls": t_done - t_enq, "first": first - t_enq, "ratio_commit": (last - t_done) / fair,
+            "calls": t_done - t_enq, "call_min": min(took), "call_median": statistics.median(took),
+            "first": first - t_enq, "ratio_commit": (last - t_done) / fair,
             "window_starts": in_window, "window_fair": (len(others) + 1) * args.c_jobs}
 
 
@@ -490,7 +493,10 @@ def report(res: dict, args, settings: str) -> None:
         for label, key, fmt in (
                 ("A alone, starts/s", "rate", "{:,.0f}"), ("B..: enqueue to last start, s", "finish", "{:.2f}"),
                 ("slots shared equally, s", "fair", "{:.2f}"), ("ratio (target <= 2)", "ratio", "{:.2f}"),
-                ("B..: enqueue calls took, s", "calls", "{:.2f}"), ("B..: enqueue to first start, s", "first", "{:.2f}"),
+                ("B..: enqueue calls took, s", "calls", "{:.2f}"),
+                ("B..: one call took, fastest, s", "call_min", "{:.3f}"),
+                ("B..: one call took, median, s", "call_median", "{:.3f}"),
+                ("B..: enqueue to first start, s", "first", "{:.2f}"),
                 ("ratio from the calls' answers", "ratio_commit", "{:.2f}"),
                 (f"starts in that time (equal share: {cs[0]['window_fair']})", "window_starts", "{:,.0f}")):
             rows.append(spread_row(label, [r[key] for r in cs], fmt))

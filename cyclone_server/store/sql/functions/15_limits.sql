@@ -411,7 +411,7 @@ $$;
 --
 -- The first p_limit * 4 + 64 due steps of the fair order are looked at: it interleaves the
 -- keys, so the steps of keys at their limit are usually at most as many as those keys. They
--- are read and judged in chunks (2 x p_limit, then doubling), and only the keys of a chunk
+-- are read and judged in chunks (p_limit + 16, then doubling), and only the keys of a chunk
 -- are locked and counted, so a claim reads, locks and counts about the steps and keys it takes. If that window is all held and
 -- there are more due steps (one key's backlog at a higher priority, a heavy weight), the head
 -- step of each other key is judged too (cyclone__limits_heads).
@@ -475,7 +475,7 @@ DECLARE
     j integer;
     lo integer := 1;
     hi integer;
-    chunk integer := greatest(p_limit * 2, 16);
+    chunk integer := p_limit + 16;  -- the first chunk: about the steps the claim takes
     ok boolean;
     clock timestamptz;
     due uuid[];
