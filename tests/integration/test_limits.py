@@ -692,6 +692,26 @@ async def test_a_step_of_a_run_holding_its_slot_is_due_though_the_key_is_full(en
     assert due is not None and due <= 0.0
 
 
+async def test_a_run_started_while_its_limit_of_runs_was_deleted_counts_when_the_limit_is_made_again(
+        engine: Engine) -> None:
+    """A run keeps its tokens when its limit of runs is deleted; its first step starting then
+    admits it all the same, so a limit made again under that name counts it: a second run of
+    the key waits, and the first one's next step is not held behind it."""
+    await engine.register_workflow("pipeline", [task("a"), task("b", "a")])
+    spec = limit("pipes", scope="runs", max_running=1, workflows=["pipeline"])
+    await engine.set_limit(spec)
+    r1, _ = await engine.submit_run("pipeline")
+    await engine.delete_limit("pipes")
+    [a] = await engine.claim("w", ["a"], 5, 30)
+    assert str(a["run_id"]) == r1
+    await engine.set_limit(spec)
+    r2, _ = await engine.submit_run("pipeline")
+    await engine.complete(str(a["step_id"]), a["lease_generation"], None)  # r1 is between its steps
+    got = await engine.claim("w", ["a", "b"], 5, 30)
+    assert [(str(x["run_id"]), x["node"]) for x in got] == [(r1, "b")]
+    assert (await engine.get_run(r2))["steps"][0]["held_by"] == 'limit pipes key "": 1/1 runs active'
+
+
 async def fetch_run_lease(engine: Engine, run_id: str, node: str) -> tuple[str, int]:
     step = next(s for s in (await engine.get_run(run_id))["steps"] if s["node"] == node)
     return str(step["id"]), step["lease_generation"]
@@ -724,6 +744,19 @@ async def test_weighted_keys_get_claims_in_proportion(engine: Engine) -> None:
     await jobs(engine, "k", [{"tenant": t} for t in ("gold", "std") for _ in range(100)])
     got = Counter(tenants_of(await claim(engine, "k", 50)))
     assert got == {"gold": 40, "std": 10}
+
+
+async def test_a_batch_places_each_kinds_steps_from_that_kinds_virtual_time(engine: Engine, conn) -> None:
+    """EnqueueMany places a batch's steps in the fair order a key at a time; a key with jobs of
+    two kinds in one batch is placed step by step, each from its own kind's virtual time (one
+    kind far ahead must not push the other kind's step behind its own backlog)."""
+    await engine.set_limit(limit("shared", kinds=["x", "y"], key_path="tenant"))
+    await conn.execute("INSERT INTO cyclone_fair_clocks (kind, vt) VALUES ('x', 100.0)")
+    await engine.enqueue_many([Job("y", input={"tenant": "t"}), Job("x", input={"tenant": "t"}),
+                               Job("y", input={"tenant": "u"}), Job("y", input={"tenant": "u"})])
+    rows = await fetch(conn, "SELECT kind, limit_keys[1] AS tok, fair_at FROM cyclone_steps ORDER BY kind, fair_at")
+    placed = [(r["kind"], r["tok"].split("\x1f")[1], r["fair_at"]) for r in rows]
+    assert placed == [("x", "t", 100.0), ("y", "t", 0.0), ("y", "u", 0.0), ("y", "u", 1.0)]
 
 
 async def test_priority_comes_before_fairness(engine: Engine) -> None:

@@ -180,8 +180,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- (An insert that placed its steps already, cyclone__jobs_create's, set fair_at itself.)
 CREATE OR REPLACE TRIGGER cyclone_steps_fair_insert BEFORE INSERT ON cyclone_steps
-    FOR EACH ROW WHEN (NEW.state = 'available' AND NEW.limit_keys IS NOT NULL)
+    FOR EACH ROW WHEN (NEW.state = 'available' AND NEW.limit_keys IS NOT NULL AND NEW.fair_at IS NULL)
     EXECUTE FUNCTION cyclone__fair_place();
 CREATE OR REPLACE TRIGGER cyclone_steps_fair_update BEFORE UPDATE OF state, limit_keys ON cyclone_steps
     FOR EACH ROW WHEN (NEW.state = 'available' AND NEW.limit_keys IS NOT NULL
@@ -531,7 +532,8 @@ BEGIN
                          ORDER BY s.priority, s.fair_at, s.id
                          LIMIT want) w
                       LEFT JOIN cyclone_fair_clocks v ON v.kind = k.kind
-                     ORDER BY w.priority, w.fair_at - COALESCE(v.vt, 0.0), w.id
+                     -- (then fair_at: the kind's own order, where fair_at - vt rounds equal)
+                     ORDER BY w.priority, w.fair_at - COALESCE(v.vt, 0.0), w.fair_at, w.id
                      LIMIT want) c;
             got := got + COALESCE(cardinality(w_ids), 0);
             whole := COALESCE(cardinality(w_ids), 0) < want;  -- the window holds every due step
@@ -588,7 +590,8 @@ BEGIN
                 SELECT held || COALESCE(array_agg(cyclone__limit_token(m.limit_name, m.key)), '{}') INTO held
                   FROM made m;
                 PERFORM set_config('lock_timeout', saved_lock_timeout, true);
-            EXCEPTION WHEN lock_not_available THEN
+            EXCEPTION WHEN lock_not_available OR foreign_key_violation THEN
+                -- (or a limit was deleted since the probe above)
                 NULL;  -- the subtransaction's rows and setting are undone; its keys are skipped
             END;
         END IF;
@@ -722,15 +725,15 @@ BEGIN
     -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
     -- now(). A step the pick chose from a snapshot taken before another claim of its key
     -- committed is running too, but that claim's start, not this one's. Read once: per token
-    -- of theirs whose limit exists, the step's run and the limit's scope; per kind, the
-    -- furthest fair place taken.
+    -- of theirs, the step's run and its limit's scope (NULL: the limit was deleted); per kind,
+    -- the furthest fair place taken.
     WITH mine AS MATERIALIZED (
         SELECT s.run_id, s.limit_keys, s.kind, s.fair_at FROM cyclone_steps s
          WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
            AND s.started_at = now()
     ), toks AS MATERIALIZED (
         SELECT m.run_id, x.t, l.scope, l.rate IS NOT NULL AS rated FROM mine m CROSS JOIN unnest(m.limit_keys) AS x (t)
-          JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+          LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
     ), kinds AS MATERIALIZED (
         SELECT m.kind, max(m.fair_at) AS at FROM mine m WHERE m.fair_at IS NOT NULL GROUP BY m.kind
     )
@@ -738,11 +741,14 @@ BEGIN
       FROM (SELECT array_agg(t.run_id) AS runs, array_agg(t.t) AS toks, array_agg(t.scope) AS scopes,
                    array_agg(t.rated) AS rated FROM toks t) a,
            (SELECT array_agg(k.kind ORDER BY k.kind) AS kinds, array_agg(k.at ORDER BY k.kind) AS ats FROM kinds k) b;
-    IF 'runs' = ANY (m_scope) OR true = ANY (m_rated) THEN  -- (else no admission, no start to count)
+    -- (Nothing to write when no token is of a limit of runs or with a rate. A run whose limit of
+    -- runs was deleted is admitted all the same: a limit made again under its name counts it.)
+    IF 'runs' = ANY (m_scope) OR true = ANY (m_rated) OR array_position(m_scope, NULL) IS NOT NULL THEN
         WITH newly AS (
             -- A run holds the slot of its limits of runs from its first step's start.
             UPDATE cyclone_runs r SET limit_admitted = true
-             WHERE r.id = ANY (ARRAY(SELECT u.r FROM unnest(m_runs, m_scope) AS u (r, scope) WHERE u.scope = 'runs'))
+             WHERE r.id = ANY (ARRAY(SELECT u.r FROM unnest(m_runs, m_scope) AS u (r, scope)
+                                      WHERE u.scope = 'runs' OR u.scope IS NULL))
                AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
             RETURNING r.limit_keys
         ), started AS (

@@ -130,6 +130,34 @@ LANGUAGE sql AS $$
                  ORDER BY t.ord) x
          CROSS JOIN lim
          ORDER BY x.i),
+    -- The jobs due now with limits are placed in the fair order here, a key at a time, as the
+    -- insert trigger would place them one by one (cyclone__fair_at): n steps of a key take the
+    -- places greatest(its clock, the kind's virtual time) + 0, 1, ..., n - 1 / weight, and its
+    -- clock moves on by n / weight; the keys' clocks are locked in one order (by token). A batch
+    -- in which a key has jobs of several kinds (each kind has its own virtual time) is left to
+    -- the trigger, step by step.
+    due AS MATERIALIZED (
+        SELECT j.i, j.toks[1] AS tok, j.n ->> 'kind' AS kind,
+               row_number() OVER (PARTITION BY j.toks[1] ORDER BY j.i) AS k
+          FROM j
+         WHERE j.toks IS NOT NULL AND COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()) <= now()
+    ), keys AS MATERIALIZED (
+        SELECT g.tok, g.n,
+               COALESCE((SELECT (l.weights ->> cyclone__token_key(g.tok))::float8 FROM cyclone_limits l
+                          WHERE l.name = cyclone__token_limit(g.tok)), 1.0) AS w,
+               COALESCE((SELECT c.vt FROM cyclone_fair_clocks c WHERE c.kind = g.kind), 0.0) AS vt
+          FROM (SELECT d.tok, min(d.kind) AS kind, count(*)::float8 AS n FROM due d GROUP BY d.tok) g
+         WHERE NOT EXISTS (SELECT 1 FROM due x GROUP BY x.tok HAVING count(DISTINCT x.kind) > 1)
+    ), clocks AS (
+        INSERT INTO cyclone_fair_keys AS f (token, vclock)
+        SELECT k.tok, k.vt + k.n / k.w FROM keys k ORDER BY k.tok
+            ON CONFLICT (token) DO UPDATE
+           SET vclock = greatest(f.vclock + (SELECT k.n / k.w FROM keys k WHERE k.tok = f.token), EXCLUDED.vclock)
+        RETURNING f.token, f.vclock
+    ), placed AS (
+        SELECT d.i, c.vclock - k.n / k.w + (d.k - 1) / k.w AS fair_at
+          FROM due d JOIN keys k ON k.tok = d.tok JOIN clocks c ON c.token = d.tok
+    ),
     runs AS (
         INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
                                   idempotency_key, request_hash, deadline_at, parent_run_id,
@@ -143,7 +171,7 @@ LANGUAGE sql AS $$
         INSERT INTO cyclone_steps (
             id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
             attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
-            signal_name, child_workflow, max_wait, limit_keys)
+            signal_name, child_workflow, max_wait, limit_keys, fair_at)
         SELECT j.sid, j.rid, j.n ->> 'id', 0, j.n ->> 'kind', 'task', 'available',
                COALESCE((j.n ->> 'priority')::integer, (j.e ->> 'priority')::integer, 0),
                COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()),
@@ -158,10 +186,12 @@ LANGUAGE sql AS $$
                j.n ->> 'signal',
                j.n ->> 'workflow',
                make_interval(secs => (j.n ->> 'max_wait')::float8),
-               j.toks
+               j.toks, p.fair_at
           -- By the key that places each step in the fair order, then in array order: the
-          -- keys' clocks (cyclone__fair_at) are then locked in one order by every batch.
-          FROM j ORDER BY j.toks[1] NULLS FIRST, j.i)
+          -- keys' clocks (cyclone__fair_at, when the trigger places them) are then locked in one
+          -- order by every batch.
+          FROM j LEFT JOIN placed p ON p.i = j.i
+         ORDER BY j.toks[1] NULLS FIRST, j.i)
     SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i
 $$;
 
