@@ -30,7 +30,8 @@ c. Fair dispatch. A limit of kind `noop` keyed by input.tenant, no cap. Tenant A
    channel). Handlers log their start (time.time(), the workers' clocks); a wait is enqueue
    (the client's clock as the tenant's call is sent; A's: its load) to handler start. B..'s time to finish (enqueue to the
    last start) is set against (tenants + 1) x --c-jobs / the rate A alone drained at before
-   (slots shared equally); also from the calls' answers. Target: <= 2x. Weighted:
+   (slots shared equally); also from the calls' answers, and as the starts made until then
+   against the (tenants + 1) x --c-jobs an equal share needs. Target: <= 2x. Weighted:
    weights 3 and 1, --c-weighted jobs each queued; the share of starts among the first
    --c-weighted starts (both keys still have work). Target: 3:1 within 10%.
 d. A rate: --d-rate starts per second (period 1 s, one key) on a backlog of 1.5 x as many, for
@@ -512,6 +513,7 @@ def report(res: dict, args, settings: str) -> None:
                 ("ratio from the calls' answers", "ratio_commit", "{:.2f}"),
                 (f"starts in that time (equal share: {cs[0]['window_fair']})", "window_starts", "{:,.0f}")):
             rows.append(spread_row(label, [r[key] for r in cs], fmt))
+        rows.append(spread_row("those starts / an equal share's", [r["window_starts"] / r["window_fair"] for r in cs]))
         cw = res["cw"]
         rows.append([f"weights 3:1, first {args.c_weighted:,} starts: heavy / light",
                      *[f"{r['heavy']:,} / {r['light']:,}" for r in cw], ""])
