@@ -9,10 +9,12 @@ committed 1,000,000 per transaction, then VACUUM ANALYZE and a CHECKPOINT (what 
 and the checkpointer do while history piles up). Each round, in each database in turn:
 --jobs jobs committed through `cyclone_jobs_enqueue` (5,000 per call), VACUUM ANALYZE and a
 CHECKPOINT (as burst.py's backlog), then a fresh `cyclone-server` and two SDK workers x 64
-slots drain them, timed from the go to the --jobs-th finished run. It prints each case's rate
-per round, the median with min and max, the ratio history/empty per round and its median, the
-tables' and indexes' sizes, and the Postgres version and settings. The target (issue 35):
-history/empty >= 0.95.
+slots drain them, timed from the go to the --jobs-th finished run; then, the queue empty, a fresh
+server and one SDK worker take --latency lone jobs enqueued one at a time 10 ms apart
+(latency.py's measure): their dispatch latency, scheduled_at to handler start. It prints each
+case's rate and latency p50 / p99 per round, the medians with min and max, the ratios
+history/empty per round and their medians, the tables' and indexes' sizes, and the Postgres
+version and settings. The targets (issue 35): drain history/empty >= 0.95, latency within 5%.
 
 --dsn (default the machine's Postgres 15) needs a role that may create databases and run
 CHECKPOINT. The databases are dropped at the end.
@@ -21,6 +23,9 @@ CHECKPOINT. The databases are dropped at the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +35,8 @@ import psycopg
 from cyclone_server.store.migrate import migrate
 
 # bench/ is sys.path[0] when run as a script
-from _common import note
+import latency
+from _common import note, start_server
 from _drain import fmt_int, print_rows
 from _pg import MARK, create_db, settle, start_postgres
 from _report import MIN_ROUNDS, fmt_spread, postgres_line
@@ -87,6 +93,25 @@ def drain(pg, db: str, jobs: int, timeout: float, workdir: Path) -> float:
     return drain_first(pg, db, jobs, timeout, workdir)["seconds"]
 
 
+def dispatch_latency(pg, db: str, jobs: int, workdir: Path) -> tuple[float, float]:
+    """p50 and p99 of `jobs` lone jobs' dispatch latency (scheduled_at to handler start), in ms."""
+    url = pg.url(db)
+    server, address = start_server(url, workdir)
+    worker = mp.get_context("spawn").Process(target=latency.worker_main, args=(address,), daemon=True)
+    try:
+        worker.start()
+        waits = sorted(asyncio.run(latency.measure(address, url, jobs))["scheduled_at -> handler"])
+    finally:
+        worker.terminate()
+        worker.join(10)
+        server.terminate()
+        server.wait(30)
+    with psycopg.connect(url, autocommit=True) as c:  # the next round's measure counts its own jobs only
+        c.execute(f"DELETE {MARK} FROM cyclone_runs r USING cyclone_steps s "
+                  "WHERE s.run_id = r.id AND s.kind = %s", (latency.KIND,))
+    return statistics.median(waits) * 1000, waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--history", type=int, default=10_000_000, help="terminal steps (one-step runs) of history")
@@ -95,6 +120,7 @@ def main() -> None:
     ap.add_argument("--dsn", default=DEFAULT_DSN, help=f"a Postgres server's URL (default {DEFAULT_DSN})")
     ap.add_argument("--embedded", action="store_true", help="an embedded Postgres 18 instead of --dsn")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds one drain may take")
+    ap.add_argument("--latency", type=int, default=200, help="lone jobs timed per round and case (0: none)")
     args = ap.parse_args()
     if args.rounds < MIN_ROUNDS:
         note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
@@ -112,13 +138,18 @@ def main() -> None:
                     note(f"history: loading {args.history:,} terminal runs and steps")
                     note(f"history: loaded and settled in {load_history(url, args.history):.0f} s")
             rounds: list[dict[str, float]] = []
+            lat: list[dict[str, tuple[float, float]]] = []
             for r in range(args.rounds):
-                rates = {}
+                rates, ms = {}, {}
                 for case, db in dbs.items():
                     seconds = drain(pg, db, args.jobs, args.timeout, workdir)
                     rates[case] = args.jobs / seconds
                     note(f"round {r + 1}: {case} {rates[case]:,.0f} jobs/s")
+                    if args.latency:
+                        ms[case] = dispatch_latency(pg, db, args.latency, workdir)
+                        note(f"round {r + 1}: {case} dispatch latency p50 {ms[case][0]:.2f} ms, p99 {ms[case][1]:.2f} ms")
                 rounds.append(rates)
+                lat.append(ms)
             print(f"\nhistory: {args.jobs:,} jobs drained beside {args.history:,} terminal steps / none, "
                   f"Cyclone 2 workers x 64 slots, {len(rounds)} rounds, commit {commit_of_checkout()}, "
                   f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
@@ -129,6 +160,15 @@ def main() -> None:
                     for case in dbs]
             ratios = [x["history"] / x["empty"] for x in rounds]
             rows.append(["history / empty", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
+            if args.latency:
+                for q, name in ((0, "p50"), (1, "p99")):
+                    for case in dbs:
+                        values = [x[case][q] for x in lat]
+                        rows.append([f"{case}, dispatch latency {name} ms", *[f"{v:.2f}" for v in values],
+                                     fmt_spread(values, "{:.2f}")])
+                    ratios = [x["history"][q] / x["empty"][q] for x in lat]
+                    rows.append([f"latency {name} history / empty", *[f"{v:.2f}" for v in ratios],
+                                 fmt_spread(ratios, "{:.2f}")])
             print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
         finally:
             with psycopg.connect(pg.url(), autocommit=True) as c:

@@ -69,7 +69,7 @@ async def measure(address: str, url: str, jobs: int) -> dict[str, list[float]]:
                 "SELECT (r.input ->> 'i')::int, extract(epoch FROM s.scheduled_at)::float8, "
                 "extract(epoch FROM s.started_at)::float8, (s.output ->> 't')::float8 "
                 "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id "
-                "WHERE r.input ? 'i' AND s.state = 'completed'")).fetchall()
+                "WHERE s.kind = %s AND r.input ? 'i' AND s.state = 'completed'", (KIND,))).fetchall()
             if len(rows) == jobs:
                 break
             if time.monotonic() > deadline:
