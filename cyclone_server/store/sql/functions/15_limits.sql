@@ -413,9 +413,10 @@ $$;
 -- The first p_limit * 4 + 64 due steps of the fair order are looked at: it interleaves the
 -- keys, so the steps of keys at their limit are usually at most as many as those keys. They
 -- are read and judged in chunks (p_limit + 16, then doubling), and only the keys of a chunk
--- are locked and counted, so a claim reads, locks and counts about the steps and keys it takes. If that window is all held and
--- there are more due steps (one key's backlog at a higher priority, a heavy weight), the head
--- step of each other key is judged too (cyclone__limits_heads).
+-- are locked and counted, so a claim reads, locks and counts about the steps and keys it
+-- takes. If that window is all held and there are more due steps (one key's backlog at a
+-- higher priority, a heavy weight), the head step of each other key is judged too
+-- (cyclone__limits_heads).
 DROP FUNCTION IF EXISTS cyclone__limits_pick(text[], integer);  -- its rows gained the tokens judged
 CREATE FUNCTION cyclone__limits_pick(p_kinds text[], p_limit integer)
 RETURNS TABLE (id uuid, priority integer, scheduled_at timestamptz, tokens text)
