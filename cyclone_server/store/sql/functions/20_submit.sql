@@ -120,9 +120,12 @@ CREATE OR REPLACE FUNCTION cyclone__jobs_create(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid)
 LANGUAGE sql AS $$
     WITH lim AS MATERIALIZED (
-        SELECT EXISTS (SELECT 1 FROM cyclone_limits) AS any
+        -- The kinds that limits of steps attach to: a job of another kind has tokens only from
+        -- its node's own `limits` (most have none), so cyclone__step_tokens is not asked for it.
+        SELECT COALESCE(array_agg(DISTINCT k.kind), '{}') AS kinds
+          FROM cyclone_limits l CROSS JOIN unnest(l.kinds) AS k (kind) WHERE l.scope = 'steps'
     ), j AS MATERIALIZED (
-        SELECT x.*, CASE WHEN lim.any OR jsonb_typeof(x.n -> 'limits') = 'array'
+        SELECT x.*, CASE WHEN x.n ->> 'kind' = ANY (lim.kinds) OR jsonb_typeof(x.n -> 'limits') = 'array'
                          THEN cyclone__step_tokens(x.n, COALESCE(x.e -> 'input', 'null'::jsonb), NULL) END AS toks
           FROM (SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, cyclone_uuid7() AS rid,
                        cyclone_uuid7() AS sid
