@@ -129,16 +129,20 @@ END $$;
 -- both have work alternate (a weight-3 key three steps for one), a key that has been
 -- idle starts at the present and banks no credit, and FIFO holds within a key. The first
 -- token of the step decides its key.
+-- A key's weight in the fair order: its limit's weight for it, else 1.
+CREATE OR REPLACE FUNCTION cyclone__key_weight(p_token text) RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT (l.weights ->> cyclone__token_key(p_token))::float8
+                       FROM cyclone_limits l WHERE l.name = cyclone__token_limit(p_token)), 1.0)
+$$;
+
 CREATE OR REPLACE FUNCTION cyclone__fair_at(p_token text, p_kind text) RETURNS double precision
 LANGUAGE plpgsql AS $$
 DECLARE
-    w double precision;
+    w double precision := cyclone__key_weight(p_token);
     vt double precision;
     v double precision;
 BEGIN
-    SELECT (l.weights ->> cyclone__token_key(p_token))::float8 INTO w
-      FROM cyclone_limits l WHERE l.name = cyclone__token_limit(p_token);
-    w := COALESCE(w, 1.0);
     SELECT c.vt INTO vt FROM cyclone_fair_clocks c WHERE c.kind = p_kind;
     vt := COALESCE(vt, 0.0);
     INSERT INTO cyclone_fair_keys AS f (token, vclock) VALUES (p_token, vt + 1.0 / w)

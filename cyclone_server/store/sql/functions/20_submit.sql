@@ -145,9 +145,7 @@ LANGUAGE sql AS $$
           FROM j
          WHERE j.toks IS NOT NULL AND COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()) <= now()
     ), keys AS MATERIALIZED (
-        SELECT g.tok, g.n,
-               COALESCE((SELECT (l.weights ->> cyclone__token_key(g.tok))::float8 FROM cyclone_limits l
-                          WHERE l.name = cyclone__token_limit(g.tok)), 1.0) AS w,
+        SELECT g.tok, g.n, cyclone__key_weight(g.tok) AS w,
                COALESCE((SELECT c.vt FROM cyclone_fair_clocks c WHERE c.kind = g.kind), 0.0) AS vt
           FROM (SELECT d.tok, min(d.kind) AS kind, count(*)::float8 AS n FROM due d GROUP BY d.tok) g
          WHERE NOT EXISTS (SELECT 1 FROM due x GROUP BY x.tok HAVING count(DISTINCT x.kind) > 1)
