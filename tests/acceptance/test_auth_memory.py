@@ -69,8 +69,9 @@ async def test_unauthenticated_giant_requests_are_refused_unread(token_server: A
 async def test_a_giant_request_refused_for_its_size_is_freed_at_once(token_server: Any) -> None:
     # With a valid token the message is read and parsed, then refused (INVALID_ARGUMENT: over
     # the payload limit); nothing of it may stay behind waiting for the cyclic collector
-    # (each such call kept about 800 MiB). The allocator keeps some freed memory for reuse,
-    # so the bound is what one call needs at once, however many calls came.
+    # (each such call kept about 800 MiB), nor in the allocator's arenas: glibc kept 300 to
+    # 450 MiB of what the calls freed until the server gave it back (cyclone_server/memory.py).
+    # The bound is half of one call's input, however many calls came.
     pid = token_server.proc.pid
     body = runs_pb2.EnqueueRequest(kind="k", input=py_to_value("x" * SIZE)).SerializeToString()
     options = [("grpc.max_send_message_length", -1)]
@@ -88,4 +89,4 @@ async def test_a_giant_request_refused_for_its_size_is_freed_at_once(token_serve
                 assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "input" in e.details(), e.details()
             else:
                 raise AssertionError("a 256 MiB input was accepted")
-    await until(lambda: memory(pid)[1] - rss_before < 2 * SIZE, "the memory of the refused requests freed", 10)
+    await until(lambda: memory(pid)[1] - rss_before < SIZE // 2, "the memory of the refused requests freed", 10)
