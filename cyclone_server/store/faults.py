@@ -5,7 +5,8 @@
 - A lost or unreachable connection (SQLSTATE class 08, or none: the client's own), a pool
   that has none to give, a server shutting down or refusing connections (57P01-57P03,
   53300), a standby or demoted primary answering a write (25006, read-only, during a
-  failover), a deadlock or serialization failure (class 40) becomes `Unavailable`: the
+  failover), a deadlock or serialization failure (class 40), a lock wait that ran out
+  (55P03: DeleteLimit's, when claims held its keys for half a minute) becomes `Unavailable`: the
   statement may be tried again; for a commit, its fate is unknown. Other operational
   errors (out of memory, a program limit) are `DatabaseError`: trying again would not help.
 - A value Postgres (or psycopg, before sending it) cannot take (DataError) becomes
@@ -40,7 +41,7 @@ def translate(e: psycopg.Error | PoolTimeout) -> CycloneError:
 
 
 RETRYABLE_CLASSES = ("08", "40")
-RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006"})
+RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "55P03"})
 
 
 def _retryable(e: psycopg.Error) -> bool:

@@ -245,6 +245,45 @@ async def test_claims_making_the_same_new_keys_in_other_orders_never_deadlock(en
     await eventually(lambda: waiting(0))
 
 
+async def test_delete_limit_beside_a_claim_holding_its_keys_never_deadlocks(engine: Engine, conn,
+                                                                           db_url: str) -> None:
+    """A claim holds key x of rate limit r and waits (on an old start of x, which it deletes);
+    DeleteLimit r starts meanwhile. The claim, let go, records its start, which needs r's row:
+    had the delete kept r's row while its cascade waited for x, each would wait for the other
+    (a deadlock, one of them UNAVAILABLE). The delete gives way instead: both succeed, and the
+    limit is gone with its keys and starts."""
+    import psycopg
+    await engine.set_limit(limit("r", rate=100, period=1.0, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "x"}])
+    await conn.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('r', 'x')")
+    await conn.execute("INSERT INTO cyclone_limit_starts VALUES ('r', 'x', now() - interval '1 hour')")
+
+    async def claim_waiting() -> bool:
+        row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND wait_event_type = 'Lock'")
+        return row["n"] == 1
+
+    async def deleting() -> bool:
+        row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active' "
+                                    "AND query LIKE '%%cyclone_limit_delete%%' AND pid <> pg_backend_pid()")
+        return row["n"] == 1
+
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_limit_starts WHERE key = 'x' FOR UPDATE")
+        claiming = asyncio.create_task(engine.claim("w1", ["k"], 1, 30))
+        await eventually(claim_waiting)
+        delete = asyncio.create_task(engine.delete_limit("r"))
+        await eventually(deleting)
+        await blocker.rollback()
+    got = await asyncio.wait_for(claiming, 30)
+    await asyncio.wait_for(delete, 30)
+    assert len(got) == 1
+    assert await engine.list_limits() == []
+    left = await fetch_one(conn, "SELECT (SELECT count(*) FROM cyclone_limit_keys) + "
+                                 "(SELECT count(*) FROM cyclone_limit_starts) AS n")
+    assert left["n"] == 0
+
+
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
     await engine.set_limit(limit("one", max_running=1, kinds=["held"]))
     await jobs(engine, "held", [1, 2, 3])

@@ -17,6 +17,7 @@ from cyclone_server.store.faults import translate
     (PoolClosed(), Unavailable),
     (pe.DeadlockDetected(), Unavailable),
     (pe.SerializationFailure(), Unavailable),
+    (pe.LockNotAvailable(), Unavailable),  # a lock wait that ran out (DeleteLimit's)
     (pe.AdminShutdown(), Unavailable),
     (pe.CannotConnectNow(), Unavailable),
     (pe.TooManyConnections(), Unavailable),

@@ -1021,11 +1021,37 @@ BEGIN
 END $$;
 
 -- Limits.DeleteLimit. Steps that consumed it are no longer held by it. Returns whether it existed.
+--
+-- The delete locks the limit's row, then its cascade each key's row. A claim holds its keys'
+-- rows and then, recording a start, waits for the limit's row (its foreign key); an arrival
+-- may hold the limit's row (a key it made) and wait for another key. Either could deadlock
+-- with the delete. So the delete never waits long: each attempt runs under a 50 ms
+-- lock_timeout, in a subtransaction that gives back all it locked when a wait runs out, and
+-- the delete tries again a moment later (about 30 s in all, then lock_not_available:
+-- UNAVAILABLE, nothing deleted). Claims and arrivals hold their locks for milliseconds.
 CREATE OR REPLACE FUNCTION cyclone_limit_delete(p_name text) RETURNS boolean
 LANGUAGE plpgsql AS $$
+DECLARE
+    saved_lock_timeout text := current_setting('lock_timeout');
+    attempt integer := 0;
+    existed boolean;
 BEGIN
-    DELETE FROM cyclone_limits WHERE name = p_name;
-    IF NOT FOUND THEN
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', '50ms', true);
+            DELETE FROM cyclone_limits WHERE name = p_name;
+            existed := FOUND;
+            PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN  -- the subtransaction's locks and setting are undone
+            attempt := attempt + 1;
+            IF attempt >= 400 THEN
+                RAISE;
+            END IF;
+        END;
+        PERFORM pg_sleep(0.01 + 0.04 * random());
+    END LOOP;
+    IF NOT existed THEN
         RETURN false;
     END IF;
     DELETE FROM cyclone_fair_keys WHERE token LIKE replace(replace(p_name, '_', '\_'), '%', '\%') || chr(31) || '%';
