@@ -894,6 +894,34 @@ async def test_a_submit_with_an_unknown_limit_or_a_missing_key_stores_nothing(en
     assert await fetch(conn, "SELECT * FROM cyclone_runs") == []
 
 
+async def test_a_batch_gives_its_jobs_the_tokens_one_enqueue_would(engine: Engine, conn) -> None:
+    """EnqueueMany works out the tokens of a batch's jobs set-based (cyclone__jobs_create); Enqueue
+    one job at a time (cyclone__step_tokens). Both give each job the same tokens, in the same
+    order, for keys from strings, numbers and booleans, constant keys, several limits on a kind
+    and a node's own limits; and both refuse the same keys with the same message."""
+    await engine.set_limit(limit("b", max_running=5, kinds=["k", "other"], key_path="tenant"))
+    await engine.set_limit(limit("a", rate=10, period=1.0, kinds=["k"], key="all"))
+    await engine.set_limit(limit("own", max_running=2, key_path="region"))
+    inputs = [{"tenant": "x", "region": "eu"}, {"tenant": 7, "region": "us"}, {"tenant": True, "region": "eu"},
+              {"tenant": "y" * 256, "region": "ap"}]
+    own = {"limits": [{"limit": "own", "key_path": ["region"]}]}
+    for kind, options in (("k", {}), ("other", {}), ("k", own), ("plain", {})):
+        batch = [s for _, s, _ in await jobs(engine, kind, inputs, **options)]
+        alone = [(await engine.enqueue(kind, input=i, options=options))[1] for i in inputs]
+        tokens = {str(r["id"]): r["limit_keys"] for r in await fetch(
+            conn, "SELECT id, limit_keys FROM cyclone_steps WHERE id = ANY (%s::uuid[])", batch + alone)}
+        assert [tokens[s] for s in batch] == [tokens[s] for s in alone], (kind, options)
+        if kind == "k" and not options:
+            assert tokens[batch[1]] == ["a\x1fall", "b\x1f7"]
+    assert tokens[alone[0]] is None  # "plain": no limit attaches to it
+    for bad in ({"tenant": None}, {"tenant": [1]}, {"tenant": "z" * 257}):
+        with pytest.raises(InvalidArgument) as one:
+            await engine.enqueue("k", input=bad)
+        with pytest.raises(InvalidArgument) as many:
+            await jobs(engine, "k", [{"tenant": "x"}, bad])
+        assert many.value.message == f"jobs[1]: {one.value.message}"
+
+
 async def test_the_scope_of_a_limit_cannot_change(engine: Engine) -> None:
     await engine.set_limit(limit("s", max_running=1, kinds=["k"]))
     with pytest.raises(InvalidArgument, match='limit.scope: limit "s" exists with scope steps'):
