@@ -798,6 +798,19 @@ async def test_a_batch_places_each_kinds_steps_from_that_kinds_virtual_time(engi
     assert placed == [("x", "t", 100.0), ("y", "t", 0.0), ("y", "u", 0.0), ("y", "u", 1.0)]
 
 
+async def test_a_key_busy_in_one_kind_is_not_pushed_back_in_another(engine: Engine) -> None:
+    """A limit shared by several kinds orders each on its own: tenant x's 50 queued steps of
+    kind a put its clock far ahead in a, not in b1 or b2, where x came first and is served
+    first (enqueued one at a time, and in one batch)."""
+    await engine.set_limit(limit("t", kinds=["a", "b1", "b2"], key_path="tenant"))
+    await jobs(engine, "a", [{"tenant": "x"}] * 50)
+    for tenant in "xyz":
+        await engine.enqueue("b1", input={"tenant": tenant})
+    await jobs(engine, "b2", [{"tenant": t} for t in "xyz"])
+    for kind in ("b1", "b2"):
+        assert [tenants_of(await claim(engine, kind, 1)) for _ in range(3)] == [["x"], ["y"], ["z"]], kind
+
+
 async def test_priority_comes_before_fairness(engine: Engine) -> None:
     await engine.set_limit(limit("fair", kinds=["k"], key_path="tenant"))
     await jobs(engine, "k", [{"tenant": "a"}] * 3)
@@ -806,18 +819,48 @@ async def test_priority_comes_before_fairness(engine: Engine) -> None:
     assert tenants_of(await claim(engine, "k", 5)) == ["c", "a", "a", "a", "b"]
 
 
+async def test_the_clocks_of_a_database_from_before_clocks_per_kind_keep_fifo(engine: Engine, conn,
+                                                                             db_url: str) -> None:
+    """Migration 0011 on a database with steps placed under the clocks kept per token: each
+    (kind, token) with steps waiting starts at its token's old clock, so the next step of such
+    a key is placed behind the ones waiting (FIFO holds); keys with nothing waiting start afresh."""
+    from cyclone_server.store.migrate import migrate
+    await engine.set_limit(limit("t", max_running=1, kinds=["a", "b"], key_path="tenant"))
+    await jobs(engine, "a", [{"tenant": "x"}] * 5 + [{"tenant": "y"}])
+    await jobs(engine, "b", [{"tenant": "x"}] * 2)
+    await jobs(engine, "a", [{"tenant": "gone"}])
+    for lease in await claim(engine, "a", 10):  # x's first and y's and gone's run and end
+        await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+    # The table as the last landed version had it: one clock per token, ahead of all its steps.
+    await conn.execute("""
+        CREATE TABLE old_clocks AS SELECT token, max(vclock) + 10 AS vclock FROM cyclone_fair_keys GROUP BY token;
+        DROP TABLE cyclone_fair_keys;
+        CREATE TABLE cyclone_fair_keys (token text PRIMARY KEY, vclock double precision NOT NULL);
+        INSERT INTO cyclone_fair_keys SELECT * FROM old_clocks;
+        DELETE FROM cyclone_migrations WHERE name = '0011_fair_clocks_per_kind.sql'""")
+    assert "0011_fair_clocks_per_kind.sql" in await asyncio.to_thread(migrate, db_url)
+    clocks = {(r["kind"], r["token"]): r["vclock"] for r in await fetch(conn, "SELECT * FROM cyclone_fair_keys")}
+    old = {r["token"]: r["vclock"] for r in await fetch(conn, "SELECT * FROM old_clocks")}
+    assert clocks == {("a", "t\x1fx"): old["t\x1fx"], ("b", "t\x1fx"): old["t\x1fx"]}
+    waiting = await fetch(conn, "SELECT max(fair_at) AS f FROM cyclone_steps WHERE state = 'available'")
+    [(_, new_step, _)] = await jobs(engine, "a", [{"tenant": "x"}])
+    placed = await fetch_one(conn, "SELECT fair_at FROM cyclone_steps WHERE id = %s", new_step)
+    assert placed["fair_at"] >= waiting[0]["f"]
+
+
 # -- tidying ---------------------------------------------------------------------------------
 
 
 async def test_tidy_removes_the_rows_of_idle_keys_and_keeps_those_in_use(engine: Engine, conn, db_url: str) -> None:
     """Per-user keys come and go: the lock rows, fair clocks and old starts of keys with nothing
     waiting go; a key with a waiting step, a bucket still refilling or a claim holding its row
-    keeps its row, and a fair clock ahead of its kind's virtual time stays."""
+    keeps its row, and a fair clock ahead of its kind's virtual time stays while steps of the
+    kind wait (pair's); in a kind where nothing waits, every clock goes (r's)."""
     import psycopg
     await engine.set_limit(limit("u", max_running=1, kinds=["k"], key_path="user"))
     await engine.set_limit(limit("r", rate=1000, period=1.0, kinds=["paced"], key="all"))
-    await jobs(engine, "k", [{"user": f"u{i}"} for i in range(20)] + [{"user": "busy"}] * 3)
-    for _ in range(2):  # 21 steps at fair place 0, then busy's second at 1: k's virtual time is 1
+    await jobs(engine, "k", [{"user": f"u{i}"} for i in range(20)] + [{"user": "busy"}] * 3 + [{"user": "pair"}] * 2)
+    for _ in range(2):  # 22 steps at fair place 0, then busy's and pair's second at 1: k's virtual time is 1
         for lease in await claim(engine, "k", 50):
             await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
     await jobs(engine, "paced", list(range(3)))
@@ -827,15 +870,15 @@ async def test_tidy_removes_the_rows_of_idle_keys_and_keeps_those_in_use(engine:
 
     async def rows(table: str, column: str) -> set[str]:
         return {r["k"] for r in await fetch(conn, f"SELECT {column} AS k FROM {table}")}
-    assert len(await rows("cyclone_limit_keys", "key")) == 22
-    assert len(await rows("cyclone_fair_keys", "token")) == 22
+    assert len(await rows("cyclone_limit_keys", "key")) == 23
+    assert len(await rows("cyclone_fair_keys", "token")) == 23
     async with await psycopg.AsyncConnection.connect(db_url) as other:  # a claim holding u0's row
         await other.execute("SELECT 1 FROM cyclone_limit_keys WHERE key = 'u0' FOR UPDATE")
         removed = await engine.tidy_limits()
     assert await rows("cyclone_limit_keys", "key") == {"u0", "busy", "all"}
-    assert await rows("cyclone_fair_keys", "token") == {"u\x1fbusy", "r\x1fall"}
+    assert await rows("cyclone_fair_keys", "token") == {"u\x1fbusy", "u\x1fpair"}
     assert (await fetch_one(conn, "SELECT count(*) AS n FROM cyclone_limit_starts"))["n"] == 3  # in the window
-    assert removed == 19 + 20 + 1
+    assert removed == 20 + 21 + 1
     # Claims go on as before: a tidied key's row and clock come back with its next step.
     await jobs(engine, "k", [{"user": "u5"}])
     assert sorted(x["input"]["user"] for x in await claim(engine, "k", 5)) == ["busy", "u5"]

@@ -123,12 +123,13 @@ BEGIN
     RETURN NULLIF(toks, '{}');
 END $$;
 
--- Fair order. Each key of a limit has a virtual clock; a step of the key that becomes due is
--- placed at max(the key's clock, the kind's virtual time) and moves the key's clock on by
--- 1/weight; the kind's virtual time is the place of its last claimed step. So keys that
--- both have work alternate (a weight-3 key three steps for one), a key that has been
--- idle starts at the present and banks no credit, and FIFO holds within a key. The first
--- token of the step decides its key.
+-- Fair order. Each key of a limit has a virtual clock in each kind; a step of the key that
+-- becomes due is placed at max(the key's clock, the kind's virtual time) and moves the key's
+-- clock on by 1/weight; the kind's virtual time is the place of its last claimed step. So
+-- keys that both have work alternate (a weight-3 key three steps for one), a key that has
+-- been idle starts at the present and banks no credit, and FIFO holds within a key. The
+-- first token of the step decides its key; a key busy in one kind is not pushed back in
+-- another (each kind has its own clocks, as its own virtual time).
 -- A key's weight in the fair order: its limit's weight for it, else 1.
 CREATE OR REPLACE FUNCTION cyclone__key_weight(p_token text) RETURNS double precision
 LANGUAGE sql STABLE AS $$
@@ -145,21 +146,24 @@ DECLARE
 BEGIN
     SELECT c.vt INTO vt FROM cyclone_fair_clocks c WHERE c.kind = p_kind;
     vt := COALESCE(vt, 0.0);
-    INSERT INTO cyclone_fair_keys AS f (token, vclock) VALUES (p_token, vt + 1.0 / w)
-        ON CONFLICT (token) DO UPDATE SET vclock = greatest(f.vclock, vt) + 1.0 / w
+    INSERT INTO cyclone_fair_keys AS f (kind, token, vclock) VALUES (p_kind, p_token, vt + 1.0 / w)
+        ON CONFLICT (kind, token) DO UPDATE SET vclock = greatest(f.vclock, vt) + 1.0 / w
     RETURNING f.vclock - 1.0 / w INTO v;
     RETURN v;
 END $$;
 
--- Lock the clocks of these keys (creating those not yet there) in token order: a transaction
--- that places steps of several keys takes them in the order every other one does.
-CREATE OR REPLACE FUNCTION cyclone__fair_keys_lock(p_tokens text[]) RETURNS void
+-- Lock the clocks of these keys in these kinds (p_kinds[i], p_tokens[i]; creating those not
+-- yet there) in (kind, token) order: a transaction that places steps of several keys takes
+-- them in the order every other one does.
+DROP FUNCTION IF EXISTS cyclone__fair_keys_lock(text[]);
+CREATE OR REPLACE FUNCTION cyclone__fair_keys_lock(p_kinds text[], p_tokens text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO cyclone_fair_keys (token, vclock)
-    SELECT DISTINCT t, 0.0 FROM unnest(p_tokens) AS t WHERE t IS NOT NULL ORDER BY 1
-    ON CONFLICT (token) DO NOTHING;
-    PERFORM 1 FROM cyclone_fair_keys WHERE token = ANY (p_tokens) ORDER BY token FOR UPDATE;
+    INSERT INTO cyclone_fair_keys (kind, token, vclock)
+    SELECT DISTINCT u.k, u.t, 0.0 FROM unnest(p_kinds, p_tokens) AS u (k, t) WHERE u.t IS NOT NULL ORDER BY 1, 2
+    ON CONFLICT (kind, token) DO NOTHING;
+    PERFORM 1 FROM cyclone_fair_keys f JOIN unnest(p_kinds, p_tokens) AS u (k, t) ON f.kind = u.k AND f.token = u.t
+     ORDER BY f.kind, f.token FOR UPDATE OF f;
 END $$;
 
 -- A limited step entering available (or getting its tokens while available): its place in
@@ -494,7 +498,8 @@ BEGIN
                   ORDER BY x.scheduled_at LIMIT 1000
                     FOR UPDATE SKIP LOCKED);
     IF cardinality(due) > 0 THEN
-        PERFORM cyclone__fair_keys_lock(ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due)));
+        PERFORM cyclone__fair_keys_lock(ARRAY(SELECT s.kind FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY s.id),
+                                        ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY s.id));
         UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
          WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text);
     END IF;
@@ -1105,8 +1110,7 @@ $$;
 -- The rows flow control keeps per key, tidied (the servers' background work, every
 -- LIMITS_TIDY_INTERVAL): starts that left their rate's window, the lock rows of keys with no
 -- waiting step and a full bucket (cyclone__rate_left: `paced` passed), and the fair clocks of
--- keys with no waiting step whose clock the virtual time of every kind with waiting steps has
--- passed (a key placed again starts at the kind's virtual time: the same place). A claim creates again what it
+-- keys with no step waiting in their kind, idle there (below). A claim creates again what it
 -- needs; rows a claim holds are skipped. At most p_limit rows of each; returns how many went.
 CREATE OR REPLACE FUNCTION cyclone_limits_tidy(p_limit integer) RETURNS integer
 LANGUAGE plpgsql
@@ -1115,7 +1119,6 @@ AS $$
 DECLARE
     n integer;
     total integer := 0;
-    floor_vt double precision;
 BEGIN
     DELETE FROM cyclone_limit_starts d
      WHERE d.ctid = ANY (ARRAY(
@@ -1139,22 +1142,24 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
 
-    -- Kinds without waiting limited steps do not count: a key's next step there is placed
-    -- among the keys that arrive with it, from the kind's virtual time.
-    SELECT COALESCE(min(c.vt), 'Infinity'::float8) INTO floor_vt FROM cyclone_fair_clocks c
-     WHERE EXISTS (SELECT 1 FROM cyclone_steps s
-                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                      AND s.kind = c.kind)
-        OR EXISTS (SELECT 1 FROM cyclone_steps s
-                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
-                      AND s.kind = c.kind);
+    -- A key's clock in a kind, once no step of the key waits there, is idle when it is not
+    -- ahead of the kind's virtual time (its next step would be placed there anyway), or when
+    -- no limited step of the kind waits at all (its next steps are placed among the keys that
+    -- arrive with them, from the kind's virtual time).
     DELETE FROM cyclone_fair_keys f
-     WHERE f.token IN (
-        SELECT x.token FROM cyclone_fair_keys x
-         WHERE x.vclock <= floor_vt
-           AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+     WHERE (f.kind, f.token) IN (
+        SELECT x.kind, x.token FROM cyclone_fair_keys x
+          LEFT JOIN cyclone_fair_clocks c ON c.kind = x.kind
+         WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
                             WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
-                              AND s.limit_keys @> ARRAY[x.token])
+                              AND s.limit_keys @> ARRAY[x.token] AND s.kind = x.kind)
+           AND (x.vclock <= COALESCE(c.vt, 0.0)
+                OR NOT (EXISTS (SELECT 1 FROM cyclone_steps s
+                                 WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
+                                   AND s.kind = x.kind)
+                        OR EXISTS (SELECT 1 FROM cyclone_steps s
+                                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
+                                      AND s.kind = x.kind)))
          LIMIT p_limit
            FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS n = ROW_COUNT;

@@ -153,30 +153,30 @@ BEGIN
          CROSS JOIN lk
          ORDER BY x.i),
     -- The jobs due now with limits are placed in the fair order here, a key at a time, as the
-    -- insert trigger would place them one by one (cyclone__fair_at): n steps of a key take the
-    -- places greatest(its clock, the kind's virtual time) + 0, 1, ..., n - 1 / weight, and its
-    -- clock moves on by n / weight; the keys' clocks are locked in one order (by token). A batch
-    -- in which a key has jobs of several kinds (each kind has its own virtual time) is left to
-    -- the trigger, step by step.
+    -- insert trigger would place them one by one (cyclone__fair_at): n steps of a key in a kind
+    -- take the places greatest(its clock there, the kind's virtual time) + 0, 1, ..., n - 1 /
+    -- weight, and the clock moves on by n / weight; the clocks are locked in one order (by kind,
+    -- then token), as cyclone__fair_keys_lock takes them.
     due AS MATERIALIZED (
         SELECT j.i, j.toks[1] AS tok, j.n ->> 'kind' AS kind,
-               row_number() OVER (PARTITION BY j.toks[1] ORDER BY j.i) AS k
+               row_number() OVER (PARTITION BY j.n ->> 'kind', j.toks[1] ORDER BY j.i) AS k
           FROM j
          WHERE j.toks IS NOT NULL AND COALESCE((j.e ->> 'scheduled_at')::timestamptz, now()) <= now()
     ), keys AS MATERIALIZED (
-        SELECT g.tok, g.n, cyclone__key_weight(g.tok) AS w,
+        SELECT g.kind, g.tok, g.n, cyclone__key_weight(g.tok) AS w,
                COALESCE((SELECT c.vt FROM cyclone_fair_clocks c WHERE c.kind = g.kind), 0.0) AS vt
-          FROM (SELECT d.tok, min(d.kind) AS kind, count(*)::float8 AS n FROM due d GROUP BY d.tok) g
-         WHERE NOT EXISTS (SELECT 1 FROM due x GROUP BY x.tok HAVING count(DISTINCT x.kind) > 1)
+          FROM (SELECT d.kind, d.tok, count(*)::float8 AS n FROM due d GROUP BY d.kind, d.tok) g
     ), clocks AS (
-        INSERT INTO cyclone_fair_keys AS f (token, vclock)
-        SELECT k.tok, k.vt + k.n / k.w FROM keys k ORDER BY k.tok
-            ON CONFLICT (token) DO UPDATE
-           SET vclock = greatest(f.vclock + (SELECT k.n / k.w FROM keys k WHERE k.tok = f.token), EXCLUDED.vclock)
-        RETURNING f.token, f.vclock
+        INSERT INTO cyclone_fair_keys AS f (kind, token, vclock)
+        SELECT k.kind, k.tok, k.vt + k.n / k.w FROM keys k ORDER BY k.kind, k.tok
+            ON CONFLICT (kind, token) DO UPDATE
+           SET vclock = greatest(f.vclock + (SELECT k.n / k.w FROM keys k WHERE k.kind = f.kind AND k.tok = f.token),
+                                 EXCLUDED.vclock)
+        RETURNING f.kind, f.token, f.vclock
     ), placed AS (
         SELECT d.i, c.vclock - k.n / k.w + (d.k - 1) / k.w AS fair_at
-          FROM due d JOIN keys k ON k.tok = d.tok JOIN clocks c ON c.token = d.tok
+          FROM due d JOIN keys k ON k.kind = d.kind AND k.tok = d.tok
+          JOIN clocks c ON c.kind = d.kind AND c.token = d.tok
     ),
     runs AS (
         INSERT INTO cyclone_runs (id, workflow_name, workflow_version, state, input, priority,
@@ -207,11 +207,8 @@ BEGIN
                j.n ->> 'workflow',
                make_interval(secs => (j.n ->> 'max_wait')::float8),
                j.toks, p.fair_at
-          -- By the key that places each step in the fair order, then in array order: the
-          -- keys' clocks (cyclone__fair_at, when the trigger places them) are then locked in one
-          -- order by every batch.
           FROM j LEFT JOIN placed p ON p.i = j.i
-         ORDER BY j.toks[1] NULLS FIRST, j.i)
+         ORDER BY j.i)
     SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i;
 END $$;
 
