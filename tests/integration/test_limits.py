@@ -17,7 +17,7 @@ from engine_helpers import (eventually, expire_lease, fetch, fetch_one, make_due
 
 from cyclone_server import definitions, limit_spec
 from cyclone_server.errors import InvalidArgument, NotFound
-from cyclone_server.records import Job
+from cyclone_server.records import Job, Result
 from cyclone_server.store.engine import Engine
 from cyclone_server.stream.conn import WorkerConn
 from cyclone_server.stream.dispatcher import Dispatcher
@@ -606,6 +606,45 @@ async def test_keep_newest_leaves_only_the_newest_waiting(engine: Engine, conn) 
     assert states == ["cancelled", "cancelled", "cancelled", "running", "running"]
     assert sorted(x["input"]["v"] for x in await claim(engine, "k", 5)) == [3, 9]
     assert await violations(conn) == {}
+
+
+@pytest.mark.parametrize("batched", [False, True])
+async def test_a_step_promoted_by_its_dependency_arrives_for_the_strategies(engine: Engine, conn,
+                                                                             batched: bool) -> None:
+    """A node whose last dependency completes arrives for its key (docs/flow-control.md,
+    "Strategies"), whether the completion comes alone or in a worker's batch of results: under
+    cancel_newest at max_running 1, with a step of the key already waiting, its run is
+    cancelled; under keep_newest the older waiting step's run is."""
+    await engine.register_workflow("pipe", [task("pre"), {**task("go", "pre"), "kind": "k"}])
+    for strategy, cancelled in (("cancel_newest", "promoted"), ("keep_newest", "waiting")):
+        await conn.execute("DELETE FROM cyclone_runs")
+        await engine.set_limit(limit("one", max_running=1, strategy=strategy, kinds=["k"], key="all"))
+        [(waiting, _, _)] = await jobs(engine, "k", ["first"])
+        promoted, _ = await engine.submit_run("pipe")
+        [lease] = await engine.claim("w", ["pre"], 1, 30)
+        if batched:
+            [(_, _, status)] = await engine.apply_results([Result(str(lease["step_id"]), lease["lease_generation"],
+                                                                  "completed")])
+        else:
+            status = await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
+        assert status == "applied"
+        states = {r: (await engine.get_run(r))["state"] for r in (waiting, promoted)}
+        assert states == {waiting: "cancelled" if cancelled == "waiting" else "running",
+                          promoted: "cancelled" if cancelled == "promoted" else "running"}, (strategy, batched)
+        assert await violations(conn) == {}
+        await engine.delete_limit("one")
+
+
+async def test_a_promoted_step_is_no_new_run_for_a_limit_of_runs(engine: Engine) -> None:
+    """Under keep_newest of scope runs, only a new run arrives: a step of an admitted run that
+    its dependency promotes does not cancel the runs waiting for their slot."""
+    await engine.register_workflow("pipe", [task("a"), task("b", "a")])
+    await engine.set_limit(limit("r", scope="runs", max_running=1, strategy="keep_newest", workflows=["pipe"]))
+    r1, _ = await engine.submit_run("pipe")
+    [lease] = await engine.claim("w", ["a"], 5, 30)  # r1 takes the slot
+    r2, _ = await engine.submit_run("pipe")  # waits for it
+    assert await engine.complete(str(lease["step_id"]), lease["lease_generation"], None) == "applied"
+    assert [(await engine.get_run(r))["state"] for r in (r1, r2)] == ["running", "running"]
 
 
 @pytest.mark.parametrize("strategy", ["cancel_newest", "keep_newest"])

@@ -316,7 +316,7 @@ BEGIN
     RETURNING type, limit_keys IS NOT NULL INTO t, limited;
     IF t = 'task' THEN
         IF limited THEN
-            PERFORM cyclone__limits_arrive(p_run_id, ARRAY[p_step_id]);
+            PERFORM cyclone__limits_arrive(p_run_id, ARRAY[p_step_id], '{}', false);
         END IF;
         PERFORM cyclone__notify_available();
     ELSIF t = 'signal' THEN

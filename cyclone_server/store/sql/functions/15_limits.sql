@@ -242,9 +242,13 @@ END $$;
 --   keep_newest:   every other waiting (not yet running) step or run of the key is cancelled.
 -- A cancelled run's steps say which limit and key in `reason`. Steps arrive in the order of
 -- p_step_ids; p_later are steps written in the same transaction that arrive after them (the
--- rest of an EnqueueMany): none of those counts yet.
+-- rest of an EnqueueMany): none of those counts yet. The run itself arrives (its limits of
+-- runs act) only when it is new (p_new_run): not when a dependency or a retry makes one of
+-- its steps available.
 DROP FUNCTION IF EXISTS cyclone__limits_arrive(uuid, uuid[]);
-CREATE OR REPLACE FUNCTION cyclone__limits_arrive(p_run_id uuid, p_step_ids uuid[], p_later uuid[] DEFAULT '{}')
+DROP FUNCTION IF EXISTS cyclone__limits_arrive(uuid, uuid[], uuid[]);
+CREATE OR REPLACE FUNCTION cyclone__limits_arrive(p_run_id uuid, p_step_ids uuid[], p_later uuid[] DEFAULT '{}',
+                                                  p_new_run boolean DEFAULT true)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     s record;
@@ -260,7 +264,9 @@ BEGIN
         RETURN;
     END IF;
     -- Runs first: a limit of whole runs.
-    SELECT ARRAY(SELECT x FROM unnest(r.limit_keys) AS x ORDER BY x) INTO rt FROM cyclone_runs r WHERE r.id = p_run_id;
+    IF p_new_run THEN
+        SELECT ARRAY(SELECT x FROM unnest(r.limit_keys) AS x ORDER BY x) INTO rt FROM cyclone_runs r WHERE r.id = p_run_id;
+    END IF;
     FOREACH t IN ARRAY COALESCE(rt, '{}') LOOP
         SELECT * INTO l FROM cyclone_limits WHERE name = cyclone__token_limit(t);
         CONTINUE WHEN NOT FOUND OR l.strategy = 'queue';
