@@ -100,6 +100,10 @@ class ScheduleStore(Core):
                 # As Enqueue names a job's option: 'nodes[0] (id "x"): max_attempts: ...' -> 'max_attempts: ...'.
                 message = e.message.split(": ", 1)[-1] if e.message.startswith("nodes[0]") else e.message
                 raise InvalidArgument(f"{where}.{message}") from None
+        try:  # what its fires would refuse (the limits it names, their keys), refused now
+            await self._one("schedule_target_check", target=Jsonb(target))
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{where}: {e.message}") from None
         now = datetime.now(timezone.utc)
         first = s.spec.next_after(now)
         fp = fingerprint if fingerprint is not None else dataclasses.asdict(s)

@@ -301,6 +301,31 @@ async def test_bad_settings_are_invalid_argument_naming_the_field(engine: Engine
         await engine.get_schedule("bad")
 
 
+async def test_a_target_its_fires_would_refuse_for_a_limit_is_refused_at_once(engine: Engine, conn) -> None:
+    """A job naming a limit that does not exist, or whose input lacks a limit's key, would fail
+    at every fire (and the schedule would never fire): CreateSchedule and UpdateSchedule refuse
+    it, naming the field and the limit, as Enqueue would, and nothing of the dry run stays."""
+    from cyclone_server import limit_spec
+    await engine.set_limit(limit_spec.normalize_limit({"name": "per-user", "kinds": ["k"], "key_path": "input.user",
+                                                       "strategy": "keep_newest"}))
+    await engine.enqueue("k", input={"user": "u"})
+    unknown = ScheduleSettings(Spec(every=60), kind="other", options={"limits": [{"limit": "nosuch"}]})
+    with pytest.raises(InvalidArgument, match=r'^settings\.job: node "other": limits\[0\]: unknown limit "nosuch"'):
+        await engine.create_schedule("bad", unknown)
+    no_key = ScheduleSettings(Spec(every=60), kind="k", input={"other": 1})
+    with pytest.raises(InvalidArgument, match=r'^settings\.job: limit "per-user" \(kind "k"\): key_path "input.user"'):
+        await engine.create_schedule("bad", no_key)
+    with pytest.raises(NotFound):
+        await engine.get_schedule("bad")
+    good = ScheduleSettings(Spec(every=60), kind="k", input={"user": "u"})
+    await engine.create_schedule("good", good)
+    with pytest.raises(InvalidArgument, match=r"^settings\.job: limit \"per-user\""):
+        await engine.update_schedule("good", no_key)
+    # The dry runs left nothing: one run (the enqueue's, not cancelled by keep_newest), no other.
+    cur = await conn.execute("SELECT state FROM cyclone_runs")
+    assert [r[0] for r in await cur.fetchall()] == ["running"]
+
+
 async def test_a_fire_time_that_already_has_its_run_is_not_started_again(engine: Engine, conn) -> None:
     # A trigger took the very instant that later comes due as a fire time: the unique key
     # holds, and the schedule moves on instead of failing on that fire time forever.

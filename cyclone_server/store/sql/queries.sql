@@ -185,6 +185,9 @@ SELECT r.workflow_name AS workflow, r.state, count(r.id) AS n, b.until
 
 -- Schedules (functions/70_schedules.sql; fire times come from schedule_spec.py).
 
+-- name: schedule_target_check
+SELECT cyclone_schedule_target_check(%(target)s) AS checked;
+
 -- name: schedule_insert
 -- A new schedule; nothing when the name is taken (the engine then compares settings_hash).
 INSERT INTO cyclone_schedules AS c (name, target, spec, settings_hash, start_at, end_at, jitter, note, overlap,

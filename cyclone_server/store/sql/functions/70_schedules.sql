@@ -32,6 +32,21 @@ BEGIN
     RETURN rid;
 END $$;
 
+-- CreateSchedule and UpdateSchedule: what a fire would refuse of the target (a limit it names
+-- that does not exist, a limit's key its input lacks), refused now, with the error the fire
+-- would raise. A dry run: the target is started in a subtransaction and undone.
+CREATE OR REPLACE FUNCTION cyclone_schedule_target_check(p_target jsonb) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    BEGIN
+        PERFORM cyclone__schedule_start(NULL, p_target, now());
+        RAISE EXCEPTION 'dry run' USING ERRCODE = 'CY999';  -- (not CY000: a code ending in 000 catches its whole class)
+    EXCEPTION WHEN SQLSTATE 'CY999' THEN
+        NULL;  -- it would start: what it wrote is undone
+    END;
+    RETURN true;
+END $$;
+
 CREATE OR REPLACE FUNCTION cyclone__schedule_active(p_name text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM cyclone_runs
