@@ -734,6 +734,34 @@ async def test_a_limit_of_runs_admits_runs_per_key_until_they_end(engine: Engine
     assert [str(x["run_id"]) for x in await engine.claim("w", ["a"], 5, 30)] == [r2]
 
 
+@pytest.mark.parametrize("batched", [False, True])
+async def test_a_child_run_its_limit_refuses_discards_its_node_not_the_result_before(engine: Engine,
+                                                                                     batched: bool) -> None:
+    """The child run of node sub is made when pre completes, its input {input, parents}; its
+    workflow's limit of runs keys on a field pre's output lacks. The child run is refused, so
+    sub is discarded (permanent, child_run_refused, naming the limit), the run fails, and pre's
+    result, which was fine, is applied once: never refused and retried."""
+    await engine.register_workflow("child", [task("c")])
+    await engine.register_workflow("parent", [task("pre"), task("sub", "pre", type="child", workflow="child")])
+    await engine.set_limit(limit("regions", scope="runs", max_running=1, workflows=["child"],
+                                 key_path="input.parents.pre.region"))
+    run_id, _ = await engine.submit_run("parent")
+    [lease] = await engine.claim("w", ["pre"], 1, 30)
+    if batched:
+        [(_, _, status)] = await engine.apply_results([Result(str(lease["step_id"]), lease["lease_generation"],
+                                                              "completed", output={"ok": True})])
+    else:
+        status = await engine.complete(str(lease["step_id"]), lease["lease_generation"], {"ok": True})
+    assert status == "applied"
+    run = await engine.get_run(run_id)
+    steps = {s["node"]: s for s in run["steps"]}
+    assert (steps["pre"]["state"], steps["pre"]["attempt"]) == ("completed", 1)
+    assert (steps["sub"]["state"], steps["sub"]["error_kind"], steps["sub"]["reason"]) == \
+        ("discarded", "permanent", "child_run_refused")
+    assert 'limit "regions": key_path "input.parents.pre.region"' in steps["sub"]["errors"][-1]["message"]
+    assert run["state"] == "failed"
+
+
 async def test_a_limit_of_runs_counts_active_runs_not_their_running_steps(engine: Engine) -> None:
     """A run's steps carry its limit of runs too; the slots are the admitted runs alone."""
     await engine.register_workflow("one", [task("a")])

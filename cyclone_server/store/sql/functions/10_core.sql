@@ -410,9 +410,18 @@ BEGIN
       FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
      WHERE d.step_id = p_step_id;
 
-    -- The child run joins its parent's trace.
-    cr := cyclone__run_create(wf.name, wf.version, wf.definition -> 'nodes', child_input, r.priority,
-                              NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1, r.trace_context);
+    -- The child run joins its parent's trace. A child run the database refuses (its flow
+    -- control: a limit that no longer exists, a limit's key its input lacks) discards the
+    -- node, as a missing workflow does: the transaction that got here (often a worker's
+    -- result for the node before) goes on.
+    BEGIN
+        cr := cyclone__run_create(wf.name, wf.version, wf.definition -> 'nodes', child_input, r.priority,
+                                  NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1, r.trace_context);
+    EXCEPTION WHEN SQLSTATE 'CY400' THEN
+        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'child_run_refused',
+            format('child run of workflow %s refused: %s', wf.name, SQLERRM));
+        RETURN;
+    END;
     UPDATE cyclone_steps SET child_run_id = cr.id WHERE id = p_step_id;
 END $$;
 
