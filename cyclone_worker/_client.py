@@ -187,16 +187,17 @@ class Client(LimitCalls):
 
     async def register(self, workflow: Workflow) -> WorkflowInfo:
         """Store a workflow definition; the same definition again is a no-op (`created` False).
-        Then set the limits of its runs that it declares (`Workflow.limit_runs`).
+        The limits of its runs that it declares (`Workflow.limit_runs`) are set first: one the
+        server refuses leaves the workflow unregistered, rather than registered without it.
 
         Example::
 
             info = await client.register(Workflow("etl").task("extract"))
             print(info.version, info.created)
         """
-        resp = await self._call(workflows_pb2_grpc.WorkflowsStub, "RegisterWorkflow", workflow.to_proto())
         for limit in workflow.run_limits:
             await self._call(limits_pb2_grpc.LimitsStub, "SetLimit", limits_pb2.SetLimitRequest(limit=limit))
+        resp = await self._call(workflows_pb2_grpc.WorkflowsStub, "RegisterWorkflow", workflow.to_proto())
         return WorkflowInfo.from_proto(resp.workflow, created=resp.created)
 
     async def get_workflow(self, name: str, version: int = 0) -> WorkflowInfo:

@@ -73,6 +73,16 @@ def _word(value: str, words: Sequence[str], field: str, enum: Any, prefix: str) 
     return int(enum.Value(prefix + value.upper()))
 
 
+def _int32(value: Any, arg: str) -> None:
+    """An integer argument as the message carries it (int32): TypeError / ValueError naming it."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{arg}: expected an integer, got {value!r}")
+    if not -(1 << 31) <= value < (1 << 31):
+        raise ValueError(f"{arg}: {value} is out of range (the server takes at most {(1 << 31) - 1})")
+
+
 def limit_request(name: str, *, max_running: int | None = None, rate: int | None = None,
                   period: Seconds | None = None, strategy: str = "queue", scope: str = "steps",
                   kinds: Iterable[str] = (), workflows: Iterable[str] = (), key: str = "", key_path: str = "",
@@ -82,6 +92,9 @@ def limit_request(name: str, *, max_running: int | None = None, rate: int | None
     for arg, value in (("kinds", kinds), ("workflows", workflows)):
         if isinstance(value, str):
             raise TypeError(f"{arg}: expected a list of names, got the string {value!r}")
+    for arg, number in (("max_running", max_running), ("rate", rate),
+                        *((f"weights[{k!r}]", w) for k, w in (weights or {}).items())):
+        _int32(number, arg)
     m = limits_pb2.Limit(name=name, max_running=max_running or 0, rate=rate or 0,
                          strategy=_word(strategy, STRATEGIES, "strategy", limits_pb2.LimitStrategy, "LIMIT_STRATEGY_"),
                          scope=_word(scope, SCOPES, "scope", limits_pb2.LimitScope, "LIMIT_SCOPE_"),

@@ -155,6 +155,17 @@ async def test_a_workflow_declares_the_limit_of_its_runs_when_registered(client:
     assert (await client.register(wf)).created is False  # the same workflow again; its limit set again
 
 
+async def test_a_workflow_whose_limit_of_runs_is_refused_is_not_registered(client: Client) -> None:
+    """Its limits are set before the workflow: a refused one leaves nothing runnable uncapped."""
+    wf = Workflow("capped").task("a").limit_runs("capped-runs", max_running=-1)
+    with pytest.raises(CycloneClientError) as e:
+        await client.register(wf)
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "max_running" in e.value.message
+    with pytest.raises(CycloneClientError) as missing:
+        await client.get_workflow("capped")
+    assert missing.value.code == grpc.StatusCode.NOT_FOUND
+
+
 # -- end to end, with worker processes -----------------------------------------------------------
 
 

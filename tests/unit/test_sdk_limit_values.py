@@ -93,3 +93,15 @@ def test_a_step_shows_what_holds_it_and_a_node_its_limits() -> None:
                           limits=[limits_pb2.LimitUse(limit="t", key_path="input.tenant")])
     info = WorkflowInfo.from_proto(types_pb2.Workflow(name="w", version=1, nodes=[node]))
     assert info.nodes[0]["limits"] == [{"limit": "t", "key": "", "key_path": "input.tenant"}]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"max_running": 1.5}, TypeError, r"max_running: expected an integer, got 1.5"),
+    ({"max_running": True}, TypeError, r"max_running: expected an integer, got True"),
+    ({"max_running": 1 << 40}, ValueError, r"max_running: 1099511627776 is out of range"),
+    ({"rate": 1 << 31, "period": 1}, ValueError, r"rate: 2147483648 is out of range"),
+    ({"weights": {"a": 2.5}}, TypeError, r"weights\['a'\]: expected an integer"),
+])
+def test_numbers_the_message_cannot_carry_are_refused_naming_the_argument(kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        limit_request("x", **kwargs)
