@@ -138,6 +138,29 @@ def weight(text: str) -> tuple[str, int]:
     raise argparse.ArgumentTypeError(f"{text!r} is not KEY=N (a key and its weight, 1 to 1000)")
 
 
+class _Weights(argparse.Action):
+    """--weight KEY=N, repeatable: a key given twice is an error (exit 2), not the last one winning."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        got = list(getattr(namespace, self.dest) or [])
+        key, n = values
+        if any(k == key for k, _ in got):
+            parser.error(f"argument --weight: key {key!r} is given twice")
+        setattr(namespace, self.dest, got + [(key, n)])
+
+
+def keys_arg(text: str) -> int:
+    """--keys: a count of keys, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of keys (0 or more)")
+    return n
+
+
 def _set_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-running", type=int, metavar="N",
                    help="at most N running steps (scope steps) or active runs (scope runs) per key")
@@ -157,7 +180,7 @@ def _set_arguments(p: argparse.ArgumentParser) -> None:
     key = p.add_mutually_exclusive_group()
     key.add_argument("--key", help="the key of what --kind or --workflow attaches: a constant")
     key.add_argument("--key-path", metavar="PATH", help="... or a field of the run input, e.g. input.tenant")
-    p.add_argument("--weight", type=weight, action="append", default=[], metavar="KEY=N",
+    p.add_argument("--weight", type=weight, action=_Weights, default=[], metavar="KEY=N",
                    help="fair dispatch: KEY gets N slots for each one of a key of weight 1 (repeat for more)")
 
 
@@ -171,7 +194,7 @@ def register(subparsers: argparse._SubParsersAction, leaves: Leaves) -> None:  #
         return leaves(group, name, cmd, help, *(["name=the limit's name"] if named else []))
 
     p = leaf("list", cmd_list, "every limit with its settings and its busiest keys", named=False)
-    p.add_argument("--keys", type=int, default=LIST_KEYS, metavar="N", help="busiest keys shown per limit")
+    p.add_argument("--keys", type=keys_arg, default=LIST_KEYS, metavar="N", help="busiest keys shown per limit")
     leaf("get", cmd_get, "one limit with the usage of its busiest keys (at most 20)")
     _set_arguments(leaf("set", cmd_set, "create a limit, or replace every setting of one (those not given are "
                                         "reset to their defaults)"))

@@ -110,9 +110,13 @@ async def test_refusals_are_shown_as_the_other_commands_show_them(server: Any) -
     bad_name = cli(server.address, "limits", "get", "no such name")
     assert bad_name.returncode == 1 and "INVALID_ARGUMENT" in bad_name.stderr
     for args in (["--weight", "acme"], ["--weight", "acme=x"], ["--per", "minute", "--period", "5s"],
-                 ["--key", "a", "--key-path", "input.a"], ["--strategy", "drop"], ["--max-running", "many"]):
+                 ["--key", "a", "--key-path", "input.a"], ["--strategy", "drop"], ["--max-running", "many"],
+                 ["--weight", "acme=3", "--weight", "acme=4"]):
         usage = cli(server.address, "limits", "set", "x", *args)
         assert usage.returncode == 2 and "usage:" in usage.stderr, (args, usage.stderr)
+    for keys in ("-1", "many"):
+        usage = cli(server.address, "limits", "list", "--keys", keys)
+        assert usage.returncode == 2 and "is not a count of keys" in usage.stderr, usage.stderr
     assert cli(server.address, "limits", "list", "--json").stdout.strip() == "[]"
 
 
