@@ -525,7 +525,8 @@ type Limit struct {
 	Scope LimitScope `protobuf:"varint,6,opt,name=scope,proto3,enum=cyclone.v1.LimitScope" json:"scope,omitempty"`
 	// Scope STEPS: every task step of these kinds consumes the limit.
 	Kinds []string `protobuf:"bytes,7,rep,name=kinds,proto3" json:"kinds,omitempty"`
-	// Scope RUNS: every run of these registered workflows consumes the limit.
+	// Scope RUNS: every run of these workflows consumes the limit (they need not be registered
+	// yet: a workflow may be registered after the limit that caps its runs).
 	Workflows []string `protobuf:"bytes,8,rep,name=workflows,proto3" json:"workflows,omitempty"`
 	// The key of the steps and runs that kinds and workflows attach: a constant ...
 	Key string `protobuf:"bytes,9,opt,name=key,proto3" json:"key,omitempty"`

@@ -159,7 +159,10 @@ export interface Limit {
   scope: LimitScope;
   /** Scope STEPS: every task step of these kinds consumes the limit. */
   kinds: string[];
-  /** Scope RUNS: every run of these registered workflows consumes the limit. */
+  /**
+   * Scope RUNS: every run of these workflows consumes the limit (they need not be registered
+   * yet: a workflow may be registered after the limit that caps its runs).
+   */
   workflows: string[];
   /** The key of the steps and runs that kinds and workflows attach: a constant ... */
   key: string;
