@@ -261,7 +261,8 @@ class Metrics:
                                             "Runs started by this server's scheduler, per schedule.", ["schedule"],
                                             registry=r)
         self.schedule_misses_total = Counter(
-            "cyclone_schedule_misses_total", "Fire times found older than the catch-up window, skipped.", ["schedule"],
+            "cyclone_schedule_misses_total",
+            "Fire times skipped: found older than the catch-up window, or their target refused.", ["schedule"],
             registry=r)
         self.schedule_skips_total = Counter("cyclone_schedule_skips_total",
                                             "Fire times skipped by the overlap policy.", ["schedule"], registry=r)

@@ -137,6 +137,10 @@ class Scheduler:
                 self.counts["missed", name] += plan.missed
                 log.warning('schedule "%s": %d fire times older than its catch-up window were skipped',
                             name, plan.missed)
-            if outcome != "missed":
+            if outcome == "refused":  # a miss of the schedule's; the next fire time comes as usual
+                log.warning('schedule "%s": the fire time %s was refused and is skipped: %s',
+                            name, plan.fire_at, result["detail"])
+                self.counts["missed", name] += 1
+            elif outcome != "missed":
                 self.counts[outcome, name] += 1
             expected, due = plan.next_fire_at, plan.next_due_at

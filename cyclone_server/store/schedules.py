@@ -182,7 +182,8 @@ class ScheduleStore(Core):
         return row["seconds"], row["buffered"]
 
     async def fire_schedule(self, name: str, expected: datetime, plan: schedule_spec.FirePlan) -> dict[str, Any]:
-        """cyclone_schedule_fire: {outcome: started | skipped | buffered | missed | lost, run_id}."""
+        """cyclone_schedule_fire: {outcome: started | skipped | buffered | missed | lost | refused, run_id,
+        detail (why it was refused)}."""
         row = await self._one("schedule_fire", name=name, expected=expected, missed=plan.missed,
                               fire_at=plan.fire_at, next_fire_at=plan.next_fire_at, next_due_at=plan.next_due_at)
         assert row is not None

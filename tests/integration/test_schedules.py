@@ -79,7 +79,7 @@ async def test_the_fire_is_a_compare_and_set_on_the_next_fire_time(engine: Engin
     p = plan(HOUR, fire_at, fire_at, datetime.now(timezone.utc), catchup_window=60)
     first = await engine.fire_schedule("s", fire_at, p)
     second = await engine.fire_schedule("s", fire_at, p)  # a server that woke for the same fire time
-    assert first["outcome"] == "started" and second == {"outcome": "lost", "run_id": None}
+    assert first["outcome"] == "started" and second == {"outcome": "lost", "run_id": None, "detail": None}
     assert len(await runs_of(conn, "s")) == 1
 
 
@@ -324,6 +324,27 @@ async def test_a_target_its_fires_would_refuse_for_a_limit_is_refused_at_once(en
     # The dry runs left nothing: one run (the enqueue's, not cancelled by keep_newest), no other.
     cur = await conn.execute("SELECT state FROM cyclone_runs")
     assert [r[0] for r in await cur.fetchall()] == ["running"]
+
+
+async def test_a_fire_time_whose_target_is_refused_now_is_skipped_as_a_miss(engine: Engine, conn) -> None:
+    """A limit the job names is deleted after the schedule was made: its fire time is refused,
+    counted in misses and logged, and the schedule moves on to its next fire time instead of
+    failing at every pass; a buffered fire time refused so is dropped the same way."""
+    from cyclone_server import limit_spec
+    await engine.set_limit(limit_spec.normalize_limit({"name": "gone", "max_running": 1}))
+    await engine.create_schedule("s", job(options={"limits": [{"limit": "gone"}]}))
+    await engine.delete_limit("gone")
+    fire_at = await make_due(conn, "s", 2)
+    sched = scheduler(engine)
+    assert await sched.run_once() > 0  # a wait for the next fire time, not the retry of a failed pass
+    row = await engine.get_schedule("s")
+    assert (row["fires"], row["misses"]) == (0, 1) and row["next_fire_at"] > fire_at
+    assert sched.counts["missed", "s"] == 1 and sched.failed_passes == 0
+    assert await runs_of(conn, "s") == []
+    await conn.execute("UPDATE cyclone_schedules SET buffered_fire_at = now() WHERE name = 's'")
+    assert await engine.release_schedules() == []
+    row = await engine.get_schedule("s")
+    assert (row["misses"], row["buffered_fire_at"]) == (2, None)
 
 
 async def test_a_fire_time_that_already_has_its_run_is_not_started_again(engine: Engine, conn) -> None:

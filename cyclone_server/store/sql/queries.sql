@@ -258,8 +258,8 @@ SELECT (SELECT extract(epoch FROM next_due_at - now())::float8 FROM cyclone_sche
        EXISTS (SELECT 1 FROM cyclone_schedules WHERE buffered_fire_at IS NOT NULL) AS buffered;
 
 -- name: schedule_fire
-SELECT outcome, run_id FROM cyclone_schedule_fire(%(name)s, %(expected)s, %(missed)s, %(fire_at)s,
-                                                   %(next_fire_at)s, %(next_due_at)s);
+SELECT outcome, run_id, detail FROM cyclone_schedule_fire(%(name)s, %(expected)s, %(missed)s, %(fire_at)s,
+                                                           %(next_fire_at)s, %(next_due_at)s);
 
 -- name: schedule_trigger
 SELECT outcome, run_id, fire_at FROM cyclone_schedule_trigger(%(name)s, %(policy)s);

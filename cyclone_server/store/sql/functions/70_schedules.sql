@@ -105,30 +105,43 @@ END $$;
 -- nothing). p_missed fire times from p_expected on were found too late (older than the
 -- catch-up window) and are counted, not started; p_fire_at is the fire time to start now
 -- (NULL: only the misses are recorded). The schedule moves on to p_next_fire_at, due at
--- p_next_due_at (its jitter drawn by the caller).
+-- p_next_due_at (its jitter drawn by the caller). A target the database refuses now (a limit
+-- deleted since the schedule was made: CreateSchedule checks the rest) is 'refused', with
+-- the refusal in `detail`: that fire time is counted in misses and the schedule moves on,
+-- rather than failing again at every pass.
+DROP FUNCTION IF EXISTS cyclone_schedule_fire(text, timestamptz, integer, timestamptz, timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION cyclone_schedule_fire(
     p_name text, p_expected timestamptz, p_missed integer, p_fire_at timestamptz,
     p_next_fire_at timestamptz, p_next_due_at timestamptz)
-RETURNS TABLE (outcome text, run_id uuid)
+RETURNS TABLE (outcome text, run_id uuid, detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
     s cyclone_schedules;
+    o text;
+    rid uuid;
 BEGIN
     SELECT * INTO s FROM cyclone_schedules c
      WHERE c.name = p_name AND c.next_fire_at = p_expected AND NOT c.paused
        FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN QUERY SELECT 'lost'::text, NULL::uuid;
+        RETURN QUERY SELECT 'lost'::text, NULL::uuid, NULL::text;
         RETURN;
     END IF;
     UPDATE cyclone_schedules
        SET next_fire_at = p_next_fire_at, next_due_at = p_next_due_at, misses = misses + p_missed
      WHERE name = p_name;
     IF p_fire_at IS NULL THEN
-        RETURN QUERY SELECT 'missed'::text, NULL::uuid;
+        RETURN QUERY SELECT 'missed'::text, NULL::uuid, NULL::text;
         RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM cyclone__schedule_apply(p_name, p_fire_at, s.overlap);
+    BEGIN
+        SELECT a.outcome, a.run_id INTO o, rid FROM cyclone__schedule_apply(p_name, p_fire_at, s.overlap) a;
+    EXCEPTION WHEN SQLSTATE 'CY400' THEN
+        UPDATE cyclone_schedules SET misses = misses + 1 WHERE name = p_name;
+        RETURN QUERY SELECT 'refused'::text, NULL::uuid, SQLERRM;
+        RETURN;
+    END;
+    RETURN QUERY SELECT o, rid, NULL::text;
 END $$;
 
 -- Trigger now: the target starts with fire time now(), under the schedule's overlap policy
@@ -162,7 +175,12 @@ BEGIN
               ORDER BY c.name LIMIT p_limit
                 FOR UPDATE SKIP LOCKED LOOP
         CONTINUE WHEN cyclone__schedule_active(s.name);
-        rid := cyclone__schedule_start(s.name, s.target, s.buffered_fire_at);
+        BEGIN
+            rid := cyclone__schedule_start(s.name, s.target, s.buffered_fire_at);
+        EXCEPTION WHEN SQLSTATE 'CY400' THEN  -- refused now (as cyclone_schedule_fire): dropped, a miss
+            UPDATE cyclone_schedules c SET buffered_fire_at = NULL, misses = c.misses + 1 WHERE c.name = s.name;
+            CONTINUE;
+        END;
         UPDATE cyclone_schedules c
            SET buffered_fire_at = NULL, fires = c.fires + 1,
                last_fire_at = GREATEST(c.last_fire_at, s.buffered_fire_at)
