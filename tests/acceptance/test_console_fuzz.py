@@ -58,7 +58,8 @@ def console(pg_admin_url: str, template_dbname: str, db_url_for: Callable[[str],
             KNOWN_IDS.append(run_id)
             schedules_pb2_grpc.SchedulesStub(channel).CreateSchedule(schedules_pb2.CreateScheduleRequest(
                 name="nightly", paused=True, settings=schedules_pb2.ScheduleSettings(
-                    job=runs_pb2.EnqueueRequest(kind="etl-job"), cron=schedules_pb2.CronSpec(expression="0 3 * * *"))))
+                    job=runs_pb2.EnqueueRequest(kind="etl-job", input=py_to_value({"n": 2})),
+                    cron=schedules_pb2.CronSpec(expression="0 3 * * *"))))
         srv.console = urlsplit(http_url(srv)).netloc
         yield srv
 
