@@ -635,6 +635,33 @@ async def test_a_step_promoted_by_its_dependency_arrives_for_the_strategies(engi
         await engine.delete_limit("one")
 
 
+async def test_promotions_racing_in_batches_on_several_engines_keep_a_strategy(db_url: str, engine: Engine,
+                                                                                 conn) -> None:
+    """Six engines complete the first steps of 60 runs in batches at once; each completion
+    promotes a step of kind k, which arrives for cancel_newest at max_running 3 (one key, nobody
+    claims k): exactly 3 runs are left, and no batch fails on a deadlock."""
+    await engine.register_workflow("pipe", [task("pre"), {**task("go", "pre"), "kind": "k"}])
+    await engine.set_limit(limit("three", max_running=3, strategy="cancel_newest", kinds=["k"]))
+    runs = [(await engine.submit_run("pipe", input={"i": i}))[0] for i in range(60)]
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
+
+    async def completer(i: int, e: Engine) -> None:
+        rng = random.Random(i)
+        while leases := await e.claim(f"w{i}", ["pre"], rng.randint(1, 6), 30):
+            statuses = await e.apply_results([Result(str(x["step_id"]), x["lease_generation"], "completed")
+                                              for x in leases])
+            assert {status for _, _, status in statuses} == {"applied"}
+
+    try:
+        await asyncio.gather(*(completer(i, e) for i, e in enumerate(engines)))
+    finally:
+        for e in engines:
+            await e.close()
+    states = Counter([(await engine.get_run(r))["state"] for r in runs])
+    assert states == {"running": 3, "cancelled": 57}
+    assert await violations(conn) == {}
+
+
 async def test_a_promoted_step_is_no_new_run_for_a_limit_of_runs(engine: Engine) -> None:
     """Under keep_newest of scope runs, only a new run arrives: a step of an admitted run that
     its dependency promotes does not cancel the runs waiting for their slot."""
