@@ -575,6 +575,30 @@ async def test_batches_of_many_keys_in_any_order_never_deadlock(db_url: str, eng
     assert sum(k["waiting"] for k in rows[0]["keys"]) == 6 * 6 * 18
 
 
+async def test_batches_of_many_keys_in_any_order_under_a_strategy_never_deadlock(db_url: str,
+                                                                                   engine: Engine) -> None:
+    """Each arrival locks its key to judge it; EnqueueMany has locked its keys' fair clocks in one
+    order before (placing its jobs), so batches of the same keys in other orders wait for each
+    other instead of deadlocking, and cancel_newest leaves exactly max_running per key."""
+    await engine.set_limit(limit("t", max_running=2, strategy="cancel_newest", kinds=["k"], key_path="tenant"))
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
+    rng = random.Random(11)
+
+    async def batches(e: Engine) -> None:
+        for _ in range(4):
+            tenants = [f"t{i}" for i in range(6)]
+            rng.shuffle(tenants)
+            await jobs(e, "k", [{"tenant": t} for t in tenants for _ in range(2)])
+
+    try:
+        await asyncio.gather(*(batches(e) for e in engines))
+    finally:
+        for e in engines:
+            await e.close()
+    rows = await engine.list_limits()
+    assert {k["key"]: k["waiting"] for k in rows[0]["keys"]} == {f"t{i}": 2 for i in range(6)}
+
+
 # -- strategies ------------------------------------------------------------------------------
 
 
