@@ -6,7 +6,7 @@
   that has none to give, a server shutting down or refusing connections (57P01-57P03,
   53300), a standby or demoted primary answering a write (25006, read-only, during a
   failover), a deadlock or serialization failure (class 40), a lock wait that ran out
-  (55P03: DeleteLimit's, when claims held its keys for half a minute) becomes `Unavailable`: the
+  (55P03: DeleteLimit's, when claims held its keys for 20 s) becomes `Unavailable`: the
   statement may be tried again; for a commit, its fate is unknown. Other operational
   errors (out of memory, a program limit) are `DatabaseError`: trying again would not help.
 - A value Postgres (or psycopg, before sending it) cannot take (DataError) becomes

@@ -72,31 +72,43 @@ def migrate(conninfo: str) -> list[str]:
         try:
             conn.execute(_BOOKKEEPING)
             done = dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
-            for f in migrations():
-                if f.name in done:
-                    if done[f.name] in REWORDED.get(f.name, ()):
-                        _record(conn, f.name, f.checksum)
-                    elif done[f.name] != f.checksum:
-                        raise MigrationError(
-                            f"migration {f.name} was edited after it was applied "
-                            "(migrations are forward-only: add a new numbered file instead)"
-                        )
-                    continue
-                _apply(conn, f, f.name)
-                applied.append(f.name)
-            for f in functions():
-                key = f"functions/{f.name}"
-                if done.get(key) == f.checksum:
-                    continue
-                _apply(conn, f, key)
-                applied.append(key)
+            # Every file in one transaction: servers still running (a rolling upgrade) see the
+            # old schema with the old functions, then the new schema with the new functions,
+            # never a migrated table under functions written for the one before; and a file
+            # that fails leaves the database as it was.
+            with conn.transaction():
+                applied = _apply_pending(conn, done)
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
 
 
+def _apply_pending(conn: psycopg.Connection, done: dict[str, str]) -> list[str]:
+    """The migrations not applied yet, then the function files whose text changed."""
+    applied: list[str] = []
+    for f in migrations():
+        if f.name in done:
+            if done[f.name] in REWORDED.get(f.name, ()):
+                _record(conn, f.name, f.checksum)
+            elif done[f.name] != f.checksum:
+                raise MigrationError(
+                    f"migration {f.name} was edited after it was applied "
+                    "(migrations are forward-only: add a new numbered file instead)"
+                )
+            continue
+        _apply(conn, f, f.name)
+        applied.append(f.name)
+    for f in functions():
+        key = f"functions/{f.name}"
+        if done.get(key) == f.checksum:
+            continue
+        _apply(conn, f, key)
+        applied.append(key)
+    return applied
+
+
 def _apply(conn: psycopg.Connection, f: SqlFile, key: str) -> None:
-    with conn.transaction():
+    with conn.transaction():  # a savepoint in migrate's transaction
         conn.execute(f.text.encode())  # no parameters: the file may hold many statements
         _record(conn, key, f.checksum)
 

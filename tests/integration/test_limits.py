@@ -284,6 +284,29 @@ async def test_delete_limit_beside_a_claim_holding_its_keys_never_deadlocks(engi
     assert left["n"] == 0
 
 
+async def test_delete_limit_beside_a_placement_holding_its_clock_never_deadlocks(engine: Engine, conn,
+                                                                                 db_url: str) -> None:
+    """A transaction placed a step of limit t (it holds the key's fair clock) and then takes a key
+    of t (an arrival), which needs t's row. DeleteLimit, holding t's row, would wait for the
+    clock: it gives way instead, and deletes t once the other transaction is done."""
+    import psycopg
+    await engine.set_limit(limit("t", strategy="keep_newest", kinds=["k"], key="all"))
+    await jobs(engine, "k", [{}])  # the key's clock exists
+    async with await psycopg.AsyncConnection.connect(db_url) as other:
+        await other.execute("SELECT cyclone__fair_at('t' || chr(31) || 'all', 'k')")
+        deleting = asyncio.create_task(engine.delete_limit("t"))
+
+        async def delete_running() -> bool:
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE state = 'active' "
+                                        "AND query LIKE '%%cyclone_limit_delete%%' AND pid <> pg_backend_pid()")
+            return row["n"] == 1
+        await eventually(delete_running)
+        await other.execute("SELECT cyclone__limit_key_lock('t', 'other')")
+        await other.rollback()
+    await asyncio.wait_for(deleting, 30)
+    assert await engine.list_limits() == []
+
+
 async def test_steps_without_limits_are_claimed_as_before_beside_held_ones(engine: Engine) -> None:
     await engine.set_limit(limit("one", max_running=1, kinds=["held"]))
     await jobs(engine, "held", [1, 2, 3])
@@ -657,6 +680,87 @@ async def test_a_step_promoted_by_its_dependency_arrives_for_the_strategies(engi
                           promoted: "cancelled" if cancelled == "promoted" else "running"}, (strategy, batched)
         assert await violations(conn) == {}
         await engine.delete_limit("one")
+
+
+@pytest.mark.parametrize(("strategy", "left"), [("cancel_newest", 0), ("keep_newest", 1)])
+async def test_steps_promoted_in_one_batch_arrive_in_order(engine: Engine, strategy: str, left: int) -> None:
+    """Two runs' pre complete in one batch of results: their go steps arrive in turn, the second
+    not counted by the first's arrival, so cancel_newest keeps the first run and keep_newest
+    the second, as when the two completions come one at a time."""
+    await engine.register_workflow("pipe", [task("pre"), {**task("go", "pre"), "kind": "k"}])
+    await engine.set_limit(limit("one", max_running=1, strategy=strategy, kinds=["k"], key="all"))
+    runs = [(await engine.submit_run("pipe"))[0] for _ in range(2)]
+    leases = await engine.claim("w", ["pre"], 2, 30)
+    statuses = await engine.apply_results([Result(str(x["step_id"]), x["lease_generation"], "completed")
+                                           for x in leases])
+    assert {status for _, _, status in statuses} == {"applied"}
+    states = [(await engine.get_run(r))["state"] for r in runs]
+    assert states == ["running" if i == left else "cancelled" for i in range(2)]
+
+
+async def lock_waits(conn) -> int:
+    row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND wait_event_type = 'Lock'")
+    return row["n"]
+
+
+async def test_a_promotion_across_kinds_and_an_enqueue_take_clocks_and_keys_in_one_order(engine: Engine, conn,
+                                                                                          db_url: str) -> None:
+    """pre's completion makes a (kind k1) and b (k2) available, one key of a keep_newest limit on
+    both. Entered one by one, it would hold a's clock and the key, then wait for b's clock; an
+    enqueue of k2 holds b's clock and waits for the key. The promotion locks both clocks, then
+    the key, first: the enqueue waits for it, and both succeed (a blocker on b's row holds the
+    promotion in between)."""
+    import psycopg
+    await engine.register_workflow("two", [task("pre"), {**task("a", "pre"), "kind": "k1"},
+                                           {**task("b", "pre"), "kind": "k2"}])
+    await engine.set_limit(limit("t", strategy="keep_newest", kinds=["k1", "k2"], key="all"))
+    run_id, _ = await engine.submit_run("two")
+    [lease] = await engine.claim("w", ["pre"], 1, 30)
+    b = await fetch_one(conn, "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'b'", run_id)
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (b["id"],))
+        completing = asyncio.create_task(engine.complete(str(lease["step_id"]), lease["lease_generation"], None))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        enqueuing = asyncio.create_task(engine.enqueue_many([Job("k2", input={})]))
+        await eventually(lambda: lock_waits_are(conn, 2))
+        await blocker.rollback()
+    assert await completing == "applied"
+    await enqueuing
+
+
+async def lock_waits_are(conn, n: int) -> bool:
+    return await lock_waits(conn) == n
+
+
+async def test_two_batches_promoting_keys_in_other_orders_never_deadlock(engine: Engine, conn,
+                                                                         db_url: str) -> None:
+    """Batch 1 makes the go steps of tenants a then b available, batch 2 those of b then a (by
+    step id). Each locks the keys' fair clocks in one order before placing them: batch 2 waits
+    for batch 1 (held up by a blocker on one of its steps), and both apply."""
+    import psycopg
+    await engine.register_workflow("pipe", [task("pre"), {**task("go", "pre"), "kind": "k"}])
+    await engine.set_limit(limit("t", kinds=["k"], key_path="tenant"))
+    runs = [(await engine.submit_run("pipe", input={"tenant": t}))[0] for t in "abba"]
+    leases = {str(x["run_id"]): x for x in await engine.claim("w", ["pre"], 4, 30)}
+
+    def result(i: int) -> Result:
+        x = leases[runs[i]]
+        return Result(str(x["step_id"]), x["lease_generation"], "completed")
+    go = await fetch_one(conn, "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'go'", runs[1])
+    other = await Engine.open(db_url, min_size=1, max_size=2)
+    try:
+        async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+            await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (go["id"],))
+            first = asyncio.create_task(engine.apply_results([result(0), result(1)]))
+            await eventually(lambda: lock_waits_are(conn, 1))
+            second = asyncio.create_task(other.apply_results([result(2), result(3)]))
+            await eventually(lambda: lock_waits_are(conn, 2))
+            await blocker.rollback()
+        for batch in (await first, await second):
+            assert {status for _, _, status in batch} == {"applied"}
+    finally:
+        await other.close()
 
 
 async def test_promotions_racing_in_batches_on_several_engines_keep_a_strategy(db_url: str, engine: Engine,

@@ -94,6 +94,18 @@ def test_concurrent_migrators_run_each_file_once(empty_db_url: str, use_files) -
     assert log == [("0001_log.sql", 1), ("0002_table.sql", 1), ("f.sql", 1)]
 
 
+def test_a_failing_file_leaves_the_database_as_it_was(empty_db_url: str, use_files) -> None:
+    """Every pending file goes in one transaction: a migration that applied and the functions
+    written for it become visible together, or not at all."""
+    use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id int);")],
+              [fake("f.sql", "SELECT no_such_function();")])
+    with pytest.raises(Exception, match="no_such_function"):
+        migrate(empty_db_url)
+    assert recorded(empty_db_url) == {}
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT to_regclass('applied_log'), to_regclass('t')").fetchone() == (None, None)
+
+
 def test_edited_migration_is_refused(empty_db_url: str, use_files) -> None:
     use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id int);")])
     migrate(empty_db_url)

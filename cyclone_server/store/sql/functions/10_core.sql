@@ -291,6 +291,9 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed');
     END IF;
+    IF cardinality(ids) > 1 THEN  -- entered one by one: what they lock, first, in one order
+        PERFORM cyclone__arrivals_lock(ids);
+    END IF;
     FOREACH sid IN ARRAY COALESCE(ids, '{}') LOOP
         PERFORM cyclone__step_enter(p_run_id, sid);
         n := n + 1;

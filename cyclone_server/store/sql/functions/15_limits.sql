@@ -166,6 +166,33 @@ BEGIN
      ORDER BY f.kind, f.token FOR UPDATE OF f;
 END $$;
 
+-- Before limited task steps (p_step_ids, pending) enter available together (a promotion of
+-- several, one after the other): lock what placing them and their arrivals will lock, in the
+-- order every other transaction takes them: their fair clocks (kind, first token), then the
+-- keys whose limits have a strategy. Entered one by one, each step would take its clock,
+-- then its key, then the next step's clock: a clock after a key, against an EnqueueMany
+-- that holds the clock and waits for the key.
+CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+BEGIN
+    PERFORM cyclone__fair_keys_lock(
+        ARRAY(SELECT s.kind FROM cyclone_steps s
+               WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id),
+        ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s
+               WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id));
+    IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
+        FOR t IN SELECT DISTINCT x.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS x (t)
+                  WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM cyclone_limits l
+                                 WHERE l.name = cyclone__token_limit(x.t) AND l.strategy <> 'queue' AND l.scope = 'steps')
+                  ORDER BY x.t LOOP
+            PERFORM cyclone__limit_key_lock(cyclone__token_limit(t), cyclone__token_key(t));
+        END LOOP;
+    END IF;
+END $$;
+
 -- A limited step entering available (or getting its tokens while available): its place in
 -- the fair order if it is due now, else NULL until a claim finds it due (cyclone__limits_pick).
 CREATE OR REPLACE FUNCTION cyclone__fair_place() RETURNS trigger
@@ -1038,7 +1065,8 @@ END $$;
 -- may hold the limit's row (a key it made) and wait for another key. Either could deadlock
 -- with the delete. So the delete never waits long: each attempt runs under a 50 ms
 -- lock_timeout, in a subtransaction that gives back all it locked when a wait runs out, and
--- the delete tries again a moment later (about 30 s in all, then lock_not_available:
+-- the delete tries again a moment later (about 20 s in all, within a client's usual 30 s
+-- deadline, then lock_not_available:
 -- UNAVAILABLE, nothing deleted). Claims and arrivals hold their locks for milliseconds.
 CREATE OR REPLACE FUNCTION cyclone_limit_delete(p_name text) RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -1052,11 +1080,14 @@ BEGIN
             PERFORM set_config('lock_timeout', '50ms', true);
             DELETE FROM cyclone_limits WHERE name = p_name;
             existed := FOUND;
+            -- Its fair clocks too, under the same timeout: a placement holds a clock, then
+            -- takes a key of the limit (an arrival), which waits for the deleted row.
+            DELETE FROM cyclone_fair_keys WHERE token LIKE replace(replace(p_name, '_', '\_'), '%', '\%') || chr(31) || '%';
             PERFORM set_config('lock_timeout', saved_lock_timeout, true);
             EXIT;
         EXCEPTION WHEN lock_not_available THEN  -- the subtransaction's locks and setting are undone
             attempt := attempt + 1;
-            IF attempt >= 400 THEN
+            IF attempt >= 250 THEN
                 RAISE;
             END IF;
         END;
@@ -1065,7 +1096,6 @@ BEGIN
     IF NOT existed THEN
         RETURN false;
     END IF;
-    DELETE FROM cyclone_fair_keys WHERE token LIKE replace(replace(p_name, '_', '\_'), '%', '\%') || chr(31) || '%';
     PERFORM pg_notify('cyclone_available', '');
     RETURN true;
 END $$;

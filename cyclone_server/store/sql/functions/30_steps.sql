@@ -422,7 +422,7 @@ SET jit = off  -- as cyclone_steps_claim: on Postgres 15 to 17 a disabled seqsca
 AS $$
 DECLARE
     x record;
-    arrival record;
+    arrivals uuid[];
     runs uuid[];
     locked uuid[];
     plain uuid[];
@@ -553,26 +553,23 @@ BEGIN
                                 WHERE d.step_id = s.id AND p.state <> 'completed');
             promoted := tasks IS NOT NULL OR waits IS NOT NULL;
             IF tasks IS NOT NULL THEN
+                -- Their fair clocks and strategies' keys first, in one order (cyclone__arrivals_lock).
+                IF EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL) THEN
+                    PERFORM cyclone__arrivals_lock(tasks);
+                END IF;
                 -- What cyclone__step_enter does to a task node.
                 UPDATE cyclone_steps
                    SET state = 'available', scheduled_at = now(), wait_started_at = NULL, timer_at = NULL,
                        max_wait_at = NULL, timer_left = NULL, max_wait_left = NULL
                  WHERE id = ANY (tasks) AND state = (SELECT 'pending'::text);
                 -- Each limited one arrives for its limits' strategies (cyclone__limits_arrive, as
-                -- cyclone__step_enter calls it), their keys locked first, all in one order, as a
-                -- single arrival locks its own.
+                -- cyclone__step_enter calls it) in one order, those after it not counted yet.
                 IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
-                    FOR arrival IN SELECT DISTINCT t.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS t (t)
-                                     WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL
-                                       AND EXISTS (SELECT 1 FROM cyclone_limits l
-                                                    WHERE l.name = cyclone__token_limit(t.t) AND l.strategy <> 'queue'
-                                                      AND l.scope = 'steps')
-                                     ORDER BY t.t LOOP
-                        PERFORM cyclone__limit_key_lock(cyclone__token_limit(arrival.t), cyclone__token_key(arrival.t));
-                    END LOOP;
-                    FOR arrival IN SELECT s.run_id, s.id FROM cyclone_steps s
-                                    WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL ORDER BY s.run_id, s.id LOOP
-                        PERFORM cyclone__limits_arrive(arrival.run_id, ARRAY[arrival.id], '{}', false);
+                    arrivals := ARRAY(SELECT s.id FROM cyclone_steps s
+                                       WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL ORDER BY s.run_id, s.id);
+                    FOR n IN 1 .. cardinality(arrivals) LOOP
+                        PERFORM cyclone__limits_arrive((SELECT s.run_id FROM cyclone_steps s WHERE s.id = arrivals[n]),
+                                                       ARRAY[arrivals[n]], arrivals[n + 1:], false);
                     END LOOP;
                 END IF;
                 PERFORM cyclone__notify_available();

@@ -11,6 +11,9 @@
 -- FIFO within a key holds for the steps that come next; keys with no step waiting start
 -- afresh (placed at their kind's virtual time, as the tidy leaves idle keys). The table is
 -- small (one row per key in use) and the steps are read through cyclone_steps_claim_heads.
+-- The old table is locked first, so that no step is placed under it between the copy and
+-- the drop; the functions that use the new one come in the same transaction (migrate).
+LOCK TABLE cyclone_fair_keys IN ACCESS EXCLUSIVE MODE;
 CREATE TABLE cyclone_fair_keys_by_kind (
     kind   text             NOT NULL,
     token  text             NOT NULL,
