@@ -35,13 +35,23 @@ def release_after(context: Any) -> None:
     if _trim is None:
         return
     loop = asyncio.get_running_loop()
-    # The done callback runs as the call ends; the request's last references (the handler's
-    # task and frames) go with the loop's next turns, so the trim waits a moment.
-    context.add_done_callback(lambda _: loop.call_soon_threadsafe(loop.call_later, 0.05, _start, loop))
+
+    def done(_: Any) -> None:
+        # The done callback runs as the call ends; the request's last references (the
+        # handler's task and frames) go with the loop's next turns, so the trim waits a moment.
+        try:
+            loop.call_soon_threadsafe(loop.call_later, 0.05, _start, loop)
+        except RuntimeError:  # the loop closed meanwhile (the server stopped): nothing to give back for
+            pass
+
+    context.add_done_callback(done)
 
 
 def _start(loop: asyncio.AbstractEventLoop) -> None:
-    loop.run_in_executor(None, _run)
+    try:
+        loop.run_in_executor(None, _run)
+    except RuntimeError:  # the default executor shut down (the server is stopping)
+        pass
 
 
 def _run() -> None:

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cyclone_server import convert, memory
+from cyclone_server import convert
 from cyclone_server.records import parse_id
 from cyclone_server.errors import CycloneError, DatabaseError, InvalidArgument, Unavailable
 from .handlers import status_details
@@ -35,12 +35,10 @@ def rpc(fn: Handler[Req, Resp]) -> Handler[Req, Resp | None]:
     context.abort's AbortError: grpc keeps that exception on the call, and its traceback
     would hold the frames that hold the request, in a reference cycle that only the cyclic
     collector frees (a refused 256 MiB request stayed in memory). After a large request the
-    allocator is asked to give the memory it freed back (memory.release_after)."""
+    allocator is asked to give the memory it freed back (handlers.py, memory.release_after)."""
 
     @functools.wraps(fn)
     async def handler(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp | None:
-        if request.ByteSize() >= memory.LARGE_REQUEST_BYTES:  # type: ignore[attr-defined]
-            memory.release_after(context)
         try:
             return await fn(self, request, context)
         except Unavailable as e:

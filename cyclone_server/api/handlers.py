@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from cyclone_server import memory
 from cyclone_server.convert import MAX_JSON_DEPTH
 
 log = logging.getLogger("cyclone.api")
@@ -39,9 +40,10 @@ SHUTTING_DOWN = "the server is shutting down; try again (another server, or this
 class Unparsable:
     """Stands in for a request message that did not parse, until its handler can answer it."""
 
-    __slots__ = ("message",)
+    __slots__ = ("message", "size")
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, size: int = 0) -> None:
+        self.size = size  # of the bytes that did not parse
         reason = str(error) or type(error).__name__
         # The decoder's recursion limit (upb says "Exceeded upb_DecodeOptions_MaxDepth"): a
         # payload nested too deep, which the caller can fix knowing the limit.
@@ -50,15 +52,27 @@ class Unparsable:
         self.message = f"request: not a valid protobuf message ({reason}){hint}"
 
 
-def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+class _Large:
+    """A unary request of memory.LARGE_REQUEST_BYTES or more, until its handler has its context."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Any) -> None:
+        self.message = message
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None, *, mark_large: bool = False) -> Callable[[bytes], Any] | None:
     if deserialize is None:
         return None
 
     def parse(raw: bytes) -> Any:
         try:
-            return deserialize(raw)
+            message = deserialize(raw)
         except Exception as e:  # any failure to parse is the caller's bytes, not our bug
-            return Unparsable(e)
+            return Unparsable(e, len(raw))
+        # The size of what came is known here and nowhere later (ByteSize() would serialize
+        # the message again).
+        return _Large(message) if mark_large and len(raw) >= memory.LARGE_REQUEST_BYTES else message
 
     return parse
 
@@ -177,9 +191,15 @@ def _strict_handler(handler: grpc.RpcMethodHandler, gate: CallGate | None) -> gr
     replace: dict[str, Any] = {"request_deserializer": _tolerant(h.request_deserializer)}
     if h.unary_unary is not None:
         inner = h.unary_unary
+        replace["request_deserializer"] = _tolerant(h.request_deserializer, mark_large=True)
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, Unparsable):
+            if isinstance(request, _Large):  # once the call is done, its memory goes back
+                memory.release_after(context)
+                request = request.message
+            elif isinstance(request, Unparsable):
+                if request.size >= memory.LARGE_REQUEST_BYTES:
+                    memory.release_after(context)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
             if gate is not None:
                 return await gate.call(inner, request, context)
