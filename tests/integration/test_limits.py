@@ -917,6 +917,20 @@ async def test_a_child_run_its_limit_refuses_discards_its_node_not_the_result_be
     assert run["state"] == "failed"
 
 
+async def test_a_submit_whose_root_child_run_its_limit_refuses_is_refused_naming_the_node(engine: Engine,
+                                                                                          conn) -> None:
+    """A root child node's run is made in the submit: a key its input lacks refuses the submit
+    (INVALID_ARGUMENT naming the node and the limit), and nothing is stored."""
+    await engine.register_workflow("child", [task("c")])
+    await engine.register_workflow("parent", [task("sub", type="child", workflow="child")])
+    await engine.set_limit(limit("regions", scope="runs", max_running=1, workflows=["child"],
+                                 key_path="input.input.region"))
+    with pytest.raises(InvalidArgument, match=r'^node "sub" \(child workflow child\): limit "regions": '
+                                              r'key_path "input.input.region"'):
+        await engine.submit_run("parent", input={})
+    assert await fetch(conn, "SELECT id FROM cyclone_runs") == []
+
+
 async def test_a_limit_of_runs_counts_active_runs_not_their_running_steps(engine: Engine) -> None:
     """A run's steps carry its limit of runs too; the slots are the admitted runs alone."""
     await engine.register_workflow("one", [task("a")])

@@ -413,18 +413,31 @@ BEGIN
       FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
      WHERE d.step_id = p_step_id;
 
-    -- The child run joins its parent's trace. A child run the database refuses (its flow
-    -- control: a limit that no longer exists, a limit's key its input lacks) discards the
-    -- node, as a missing workflow does: the transaction that got here (often a worker's
-    -- result for the node before) goes on.
-    BEGIN
+    -- The child run joins its parent's trace. The database may refuse it for flow control (a
+    -- limit that no longer exists, a limit's key its input lacks). Made with its parent run
+    -- (a root node, in the submit's transaction: created_at is this transaction's now()), the
+    -- refusal is the submit's, naming the node. Made later (when the node's dependencies
+    -- complete, often in a worker's result for the one before), it discards the node, as a
+    -- missing workflow does, and that transaction goes on. A subtransaction only where a
+    -- refusal can come from: some limit exists, or the child's nodes name limits.
+    IF NOT EXISTS (SELECT 1 FROM cyclone_limits)
+       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(wf.definition -> 'nodes') n
+                        WHERE jsonb_typeof(n -> 'limits') = 'array') THEN
         cr := cyclone__run_create(wf.name, wf.version, wf.definition -> 'nodes', child_input, r.priority,
                                   NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1, r.trace_context);
-    EXCEPTION WHEN SQLSTATE 'CY400' THEN
-        PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'child_run_refused',
-            format('child run of workflow %s refused: %s', wf.name, SQLERRM));
-        RETURN;
-    END;
+    ELSE
+        BEGIN
+            cr := cyclone__run_create(wf.name, wf.version, wf.definition -> 'nodes', child_input, r.priority,
+                                      NULL, NULL, NULL, NULL, r.id, p_step_id, r.depth + 1, r.trace_context);
+        EXCEPTION WHEN SQLSTATE 'CY400' THEN
+            IF r.created_at = now() THEN
+                RAISE EXCEPTION 'node "%" (child workflow %): %', s.node, wf.name, SQLERRM USING ERRCODE = 'CY400';
+            END IF;
+            PERFORM cyclone__step_discard(p_run_id, p_step_id, 'permanent', 'child_run_refused',
+                format('child run of workflow %s refused: %s', wf.name, SQLERRM));
+            RETURN;
+        END;
+    END IF;
     UPDATE cyclone_steps SET child_run_id = cr.id WHERE id = p_step_id;
 END $$;
 
