@@ -110,7 +110,12 @@ class Scheduler:
             if len(due) < BATCH or failed:
                 break
         for r in await self.engine.release_schedules(BATCH):
-            self.counts["started", r["name"]] += 1
+            if r["run_id"] is None:  # refused now (a limit deleted since): dropped, a miss
+                log.warning('schedule "%s": the buffered fire time %s was refused and is dropped',
+                            r["name"], r["fire_at"])
+                self.counts["missed", r["name"]] += 1
+            else:
+                self.counts["started", r["name"]] += 1
         seconds, self._buffered = await self.engine.schedules_next_due()
         if seconds is None:
             return MAX_SLEEP

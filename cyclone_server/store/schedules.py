@@ -192,8 +192,9 @@ class ScheduleStore(Core):
         return row
 
     async def release_schedules(self, limit: int = 100) -> list[dict[str, Any]]:
-        """Start the buffered fire times whose previous run ended: [{name, fire_at, run_id}]."""
+        """Start the buffered fire times whose previous run ended: [{name, fire_at, run_id}]
+        (run_id None: that fire time was refused, and dropped as a miss)."""
         rows = await self._all("schedules_release", limit=limit)
-        if rows:
+        if any(r["run_id"] is not None for r in rows):
             self.announce()
         return rows

@@ -341,10 +341,18 @@ async def test_a_fire_time_whose_target_is_refused_now_is_skipped_as_a_miss(engi
     assert (row["fires"], row["misses"]) == (0, 1) and row["next_fire_at"] > fire_at
     assert sched.counts["missed", "s"] == 1 and sched.failed_passes == 0
     assert await runs_of(conn, "s") == []
-    await conn.execute("UPDATE cyclone_schedules SET buffered_fire_at = now() WHERE name = 's'")
-    assert await engine.release_schedules() == []
+    buffered = (await (await conn.execute("UPDATE cyclone_schedules SET buffered_fire_at = now() WHERE name = 's' "
+                                          "RETURNING buffered_fire_at")).fetchone())[0]
+    assert await engine.release_schedules() == [{"name": "s", "fire_at": buffered, "run_id": None}]
     row = await engine.get_schedule("s")
     assert (row["misses"], row["buffered_fire_at"]) == (2, None)
+    # A buffered fire time refused while the next one fires: dropped, and the next one is
+    # judged on its own (refused too here, each a miss), not failed with it.
+    await conn.execute("UPDATE cyclone_schedules SET buffered_fire_at = now() - interval '1 minute' WHERE name = 's'")
+    await make_due(conn, "s", 1)
+    await sched.run_once()
+    row = await engine.get_schedule("s")
+    assert (row["misses"], row["buffered_fire_at"], sched.failed_passes) == (4, None, 0)
 
 
 async def test_a_fire_time_that_already_has_its_run_is_not_started_again(engine: Engine, conn) -> None:

@@ -67,13 +67,17 @@ DECLARE
 BEGIN
     SELECT * INTO s FROM cyclone_schedules WHERE name = p_name;
     IF NOT active AND s.buffered_fire_at IS NOT NULL THEN
-        PERFORM cyclone__schedule_start(s.name, s.target, s.buffered_fire_at);
-        UPDATE cyclone_schedules
-           SET buffered_fire_at = NULL, fires = fires + 1,
-               last_fire_at = GREATEST(last_fire_at, s.buffered_fire_at)
-         WHERE name = p_name;
+        BEGIN
+            PERFORM cyclone__schedule_start(s.name, s.target, s.buffered_fire_at);
+            UPDATE cyclone_schedules
+               SET buffered_fire_at = NULL, fires = fires + 1,
+                   last_fire_at = GREATEST(last_fire_at, s.buffered_fire_at)
+             WHERE name = p_name;
+            active := true;
+        EXCEPTION WHEN SQLSTATE 'CY400' THEN  -- refused now (cyclone_schedule_fire): dropped, a miss
+            UPDATE cyclone_schedules SET buffered_fire_at = NULL, misses = misses + 1 WHERE name = p_name;
+        END;
         s.buffered_fire_at := NULL;
-        active := true;
     END IF;
     IF active AND p_policy = 'skip' OR active AND p_policy = 'buffer_one' AND s.buffered_fire_at IS NOT NULL THEN
         UPDATE cyclone_schedules SET skips = skips + 1 WHERE name = p_name;
@@ -179,6 +183,7 @@ BEGIN
             rid := cyclone__schedule_start(s.name, s.target, s.buffered_fire_at);
         EXCEPTION WHEN SQLSTATE 'CY400' THEN  -- refused now (as cyclone_schedule_fire): dropped, a miss
             UPDATE cyclone_schedules c SET buffered_fire_at = NULL, misses = c.misses + 1 WHERE c.name = s.name;
+            RETURN QUERY SELECT s.name, s.buffered_fire_at, NULL::uuid;  -- no run: the caller logs it
             CONTINUE;
         END;
         UPDATE cyclone_schedules c
