@@ -575,25 +575,31 @@ async def test_a_limit_of_runs_with_a_rate_counts_each_admission_once(engine: En
     assert len(await claim(engine, "k", 10)) == 1  # the quota's second start, not none
 
 
-async def test_batches_of_many_keys_in_any_order_never_deadlock(db_url: str, engine: Engine) -> None:
-    """Placing a step in the fair order moves its key's clock (a row locked until commit):
-    EnqueueMany places its jobs key by key, so batches of the same keys in other orders wait
-    for each other instead of deadlocking."""
-    await engine.set_limit(limit("t", kinds=["k"], key_path="tenant"))
+async def shuffled_batches(db_url: str, rounds: int, per_tenant: int, seed: int) -> None:
+    """Six engines each enqueue `rounds` batches of jobs of kind k for tenants t0..t5, every batch
+    with its tenants in a random order, `per_tenant` jobs each."""
     engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
-    rng = random.Random(7)
+    rng = random.Random(seed)
 
     async def batches(e: Engine) -> None:
-        for _ in range(6):
+        for _ in range(rounds):
             tenants = [f"t{i}" for i in range(6)]
             rng.shuffle(tenants)
-            await jobs(e, "k", [{"tenant": t} for t in tenants for _ in range(3)])
+            await jobs(e, "k", [{"tenant": t} for t in tenants for _ in range(per_tenant)])
 
     try:
         await asyncio.gather(*(batches(e) for e in engines))
     finally:
         for e in engines:
             await e.close()
+
+
+async def test_batches_of_many_keys_in_any_order_never_deadlock(db_url: str, engine: Engine) -> None:
+    """Placing a step in the fair order moves its key's clock (a row locked until commit):
+    EnqueueMany places its jobs key by key, so batches of the same keys in other orders wait
+    for each other instead of deadlocking."""
+    await engine.set_limit(limit("t", kinds=["k"], key_path="tenant"))
+    await shuffled_batches(db_url, rounds=6, per_tenant=3, seed=7)
     rows = await engine.list_limits()
     assert sum(k["waiting"] for k in rows[0]["keys"]) == 6 * 6 * 18
 
@@ -604,20 +610,7 @@ async def test_batches_of_many_keys_in_any_order_under_a_strategy_never_deadlock
     order before (placing its jobs), so batches of the same keys in other orders wait for each
     other instead of deadlocking, and cancel_newest leaves exactly max_running per key."""
     await engine.set_limit(limit("t", max_running=2, strategy="cancel_newest", kinds=["k"], key_path="tenant"))
-    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
-    rng = random.Random(11)
-
-    async def batches(e: Engine) -> None:
-        for _ in range(4):
-            tenants = [f"t{i}" for i in range(6)]
-            rng.shuffle(tenants)
-            await jobs(e, "k", [{"tenant": t} for t in tenants for _ in range(2)])
-
-    try:
-        await asyncio.gather(*(batches(e) for e in engines))
-    finally:
-        for e in engines:
-            await e.close()
+    await shuffled_batches(db_url, rounds=4, per_tenant=2, seed=11)
     rows = await engine.list_limits()
     assert {k["key"]: k["waiting"] for k in rows[0]["keys"]} == {f"t{i}": 2 for i in range(6)}
 
