@@ -291,7 +291,8 @@ BEGIN
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND p.state <> 'completed');
     END IF;
-    IF cardinality(ids) > 1 THEN  -- entered one by one: what they lock, first, in one order
+    IF cardinality(ids) > 1  -- entered one by one: what they lock, first, in one order
+       AND EXISTS (SELECT 1 FROM cyclone_steps x WHERE x.id = ANY (ids) AND x.limit_keys IS NOT NULL) THEN
         PERFORM cyclone__arrivals_lock(ids);
     END IF;
     FOREACH sid IN ARRAY COALESCE(ids, '{}') LOOP
