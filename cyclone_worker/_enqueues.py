@@ -207,6 +207,9 @@ class Enqueues:
             if e.code not in _REFUSALS:
                 _fail(part, e)
                 return
+            if self._closing:  # close() emptied the queue meanwhile: nothing goes back, nothing more is sent
+                _fail(part, CycloneClientError(grpc.StatusCode.CANCELLED, "the Client was closed"))
+                return
             # Nothing was written. The refused job goes alone, so that its caller gets
             # Enqueue's answer; the others go back to the head of the queue, to go again
             # together (with newer jobs) once this call slot is free.

@@ -18,6 +18,7 @@ from cyclone_server.records import TERMINAL_RUN_STATES
 
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
+from cyclone_server.tasks import cancel_and_wait
 
 log = logging.getLogger("cyclone.run_waits")
 
@@ -56,7 +57,7 @@ class RunEndWatch:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            await cancel_and_wait([self._task])  # (cancelled again if a cancellation was lost)
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 

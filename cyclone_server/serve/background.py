@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from cyclone_server.errors import Unavailable
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
+from cyclone_server.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +84,7 @@ class Background:
                 self._every(self.retention_interval, self._retention, "retention"), name="cyclone-retention"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(self._tasks)  # (cancelled again if a cancellation was lost)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
 

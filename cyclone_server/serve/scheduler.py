@@ -23,6 +23,7 @@ from cyclone_server import schedule_spec
 from cyclone_server.errors import Unavailable
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
+from cyclone_server.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class Scheduler:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            await cancel_and_wait([self._task])  # (cancelled again if a cancellation was lost)
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 

@@ -22,6 +22,7 @@ from cyclone_server.errors import CycloneError
 from cyclone_server.records import parse_id
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
+from cyclone_server.tasks import cancel_and_wait
 
 from .committer import ResultCommitter
 from .conn import HANDBACK_QUIET, End, HeldLease, LeaseKey, WorkerConn
@@ -142,8 +143,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         while self.conns and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await asyncio.gather(*self._releasing, return_exceptions=True)
-        for task in self._tasks:
-            task.cancel()
+        await cancel_and_wait(self._tasks)  # (cancelled again if a cancellation was lost)
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- one stream ------------------------------------------------------------------------
