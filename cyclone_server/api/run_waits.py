@@ -56,10 +56,10 @@ class RunEndWatch:
                     del self._waiters[run_id]
 
     async def close(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])  # (cancelled again if a cancellation was lost)
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None  # (a second stop meanwhile finds nothing to stop)
+        if task is not None:
+            await cancel_and_wait([task])  # (cancelled again if a cancellation was lost)
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _watch(self) -> None:
         try:

@@ -84,9 +84,9 @@ class Background:
                 self._every(self.retention_interval, self._retention, "retention"), name="cyclone-retention"))
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)  # (cancelled again if a cancellation was lost)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []  # (a second stop meanwhile finds nothing to stop)
+        await cancel_and_wait(tasks)  # (cancelled again if a cancellation was lost)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _guarded(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         try:

@@ -70,10 +70,10 @@ class Scheduler:
         self._task = asyncio.create_task(self._loop(), name="cyclone-scheduler")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])  # (cancelled again if a cancellation was lost)
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        task, self._task = self._task, None  # (a second stop meanwhile finds nothing to stop)
+        if task is not None:
+            await cancel_and_wait([task])  # (cancelled again if a cancellation was lost)
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:

@@ -9,6 +9,8 @@ from collections.abc import Callable, Collection
 import psycopg
 from tenacity import AsyncRetrying, wait_exponential
 
+from cyclone_server.tasks import cancel_and_wait
+
 from .failover import RECONNECT_MAX_DELAY, with_failover_defaults
 from .faults import translated
 
@@ -51,13 +53,10 @@ class Notifier:
         self._task = asyncio.create_task(self._run(), name="cyclone-notifier")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        task, self._task = self._task, None  # (a second stop meanwhile finds nothing to stop)
+        if task is not None:
+            await cancel_and_wait([task])  # (cancelled again if a cancellation was lost)
+            await asyncio.gather(task, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
