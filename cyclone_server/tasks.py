@@ -19,9 +19,12 @@ CANCEL_AGAIN_AFTER = 1.0
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
     """Cancel the tasks and return once every one has ended, cancelling again those still
-    running after CANCEL_AGAIN_AFTER seconds. Their exceptions are left on them."""
+    running after CANCEL_AGAIN_AFTER seconds. Their outcomes (a cancellation, an exception)
+    are taken and dropped: a stopped task's end is not an error."""
+    tasks = list(tasks)
     pending = {t for t in tasks if not t.done()}
     while pending:
         for task in pending:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_AFTER)
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -86,7 +86,6 @@ class Background:
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []  # (a second stop meanwhile finds nothing to stop)
         await cancel_and_wait(tasks)  # (cancelled again if a cancellation was lost)
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _guarded(self, work: Callable[[], Awaitable[None]], what: str) -> None:
         try:

@@ -73,7 +73,6 @@ class Scheduler:
         task, self._task = self._task, None  # (a second stop meanwhile finds nothing to stop)
         if task is not None:
             await cancel_and_wait([task])  # (cancelled again if a cancellation was lost)
-            await asyncio.gather(task, return_exceptions=True)
 
     async def _loop(self) -> None:
         while True:

@@ -56,7 +56,6 @@ class Notifier:
         task, self._task = self._task, None  # (a second stop meanwhile finds nothing to stop)
         if task is not None:
             await cancel_and_wait([task])  # (cancelled again if a cancellation was lost)
-            await asyncio.gather(task, return_exceptions=True)
         if self._conn is not None:
             await self._conn.close()
             self._conn = None

@@ -144,7 +144,6 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
             await asyncio.sleep(0.02)
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await cancel_and_wait(self._tasks)  # (cancelled again if a cancellation was lost)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # -- one stream ------------------------------------------------------------------------
 
