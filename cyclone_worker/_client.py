@@ -144,7 +144,9 @@ class Client(LimitCalls):
         channel = self._open()
         if not self._reached and self._wait_for_server:
             try:
-                await asyncio.wait_for(channel.channel_ready(), self._wait_for_server)
+                # asyncio.timeout, not wait_for, which can lose a cancel on Python 3.11.
+                async with asyncio.timeout(self._wait_for_server):
+                    await channel.channel_ready()
             except asyncio.TimeoutError:
                 raise CycloneClientError(grpc.StatusCode.UNAVAILABLE, f"cannot reach {self.address}: no server "
                                          f"answered within {self._wait_for_server:g}s") from None

@@ -182,11 +182,15 @@ class Session:
         """Graceful end: flush queued messages, half-close, give the server `timeout` s to end the stream."""
         self._closing = True
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            # asyncio.timeout, not wait_for, which can lose a cancel on Python 3.11 (see above).
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
             # Bounded too: on a stream that is dying meanwhile, the half-close was seen to
             # wait forever, and with it the worker's stop.
-            await asyncio.wait_for(self.call.done_writing(), timeout)
-            await asyncio.wait_for(self._ended.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.call.done_writing()
+            async with asyncio.timeout(timeout):
+                await self._ended.wait()
         except (TimeoutError, grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
             pass
 

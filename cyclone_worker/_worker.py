@@ -142,7 +142,8 @@ class Worker:
             task = asyncio.create_task(worker.run())
             await worker.wait_connected(timeout=30)
         """
-        await asyncio.wait_for(self._connected.wait(), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for, which can lose a cancel on Python 3.11
+            await self._connected.wait()
 
     # -- running ----------------------------------------------------------------------------
 
@@ -338,6 +339,7 @@ class Worker:
                 return
             changed.clear()
             try:
-                await asyncio.wait_for(changed.wait(), min(0.5, end - time.monotonic()))
+                async with asyncio.timeout(min(0.5, end - time.monotonic())):  # not wait_for (see above)
+                    await changed.wait()
             except TimeoutError:
                 pass

@@ -140,7 +140,8 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, http_listen: 
             log.info("stopping the demo worker")
             proc.terminate()
             try:
-                await asyncio.wait_for(proc.wait(), 15)
+                async with asyncio.timeout(15):  # not wait_for: see cyclone_server/tasks.py
+                    await proc.wait()
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()

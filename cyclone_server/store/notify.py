@@ -67,7 +67,8 @@ class Notifier:
         waiters = self._waiters[self._known(channel)]
         waiters.add(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see cyclone_server/tasks.py
+                await fut
             return True
         except asyncio.TimeoutError:
             return False

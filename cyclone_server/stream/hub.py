@@ -151,7 +151,8 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         if not self._accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         try:
-            first = await asyncio.wait_for(context.read(), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):  # not wait_for: see cyclone_server/tasks.py
+                first = await context.read()
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no hello within {HELLO_TIMEOUT:.0f} s")
         if first is grpc.aio.EOF:

@@ -67,3 +67,21 @@ async def test_cancel_and_wait_returns_once_every_task_ended() -> None:
     await asyncio.sleep(0)
     await asyncio.wait_for(cancel_and_wait(tasks), 10)
     assert all(t.done() for t in tasks) and swallowed == 2
+
+
+async def test_a_notification_wait_cancelled_as_its_notification_arrives_is_cancelled() -> None:
+    """Notifier.wait does not swallow a cancel that lands in the turn its notification is
+    fired: with asyncio.wait_for (Python 3.11) the wait returned True and the cancelled caller
+    carried on."""
+    from cyclone_server.store.notify import Notifier as RealNotifier
+
+    notifier = RealNotifier("postgresql:///unused")  # not started: _fire is called by hand
+    waiting = asyncio.create_task(notifier.wait("cyclone_available", 30))
+    await asyncio.sleep(0)  # the wait is registered and blocked
+    notifier._fire("cyclone_available")
+    waiting.cancel()  # the same turn as the notification
+    try:
+        result = await waiting
+    except asyncio.CancelledError:
+        return
+    raise AssertionError(f"the cancel was lost: wait returned {result!r}")
