@@ -615,6 +615,35 @@ async def test_batches_of_many_keys_in_any_order_under_a_strategy_never_deadlock
     assert {k["key"]: k["waiting"] for k in rows[0]["keys"]} == {f"t{i}": 2 for i in range(6)}
 
 
+
+@pytest.mark.parametrize("strategy", ["queue", "cancel_newest"])
+async def test_submits_whose_root_steps_take_keys_in_other_orders_never_deadlock(db_url: str, engine: Engine,
+                                                                                strategy: str) -> None:
+    """A run's root steps enter available at submit, each placed under its key's fair clock (and
+    judged under its key, for a strategy). Node x takes its key from input.first, node y from
+    input.second; runs with the keys swapped race on six engines. The clocks and keys are
+    locked in one order first, so the submits wait for each other instead of deadlocking."""
+    await engine.set_limit(limit("t", max_running=1000, strategy=strategy))
+    node = {"kind": "k", "limits": [{"limit": "t", "key_path": ["first"]}]}
+    await engine.register_workflow("two", [{**task("x"), **node},
+                                           {**task("y"), **node, "limits": [{"limit": "t", "key_path": ["second"]}]}])
+    engines = [await Engine.open(db_url, min_size=1, max_size=2) for _ in range(6)]
+    keys = [f"t{i}" for i in range(4)]
+
+    async def submits(i: int, e: Engine) -> None:
+        rng = random.Random(i)
+        for _ in range(15):
+            first, second = rng.sample(keys, 2)
+            await e.submit_run("two", input={"first": first, "second": second})
+
+    try:
+        await asyncio.gather(*(submits(i, e) for i, e in enumerate(engines)))
+    finally:
+        for e in engines:
+            await e.close()
+    rows = await engine.list_limits()
+    assert sum(k["waiting"] for k in rows[0]["keys"]) == 6 * 15 * 2
+
 # -- strategies ------------------------------------------------------------------------------
 
 
@@ -657,7 +686,7 @@ async def test_a_step_promoted_by_its_dependency_arrives_for_the_strategies(engi
     cancelled; under keep_newest the older waiting step's run is."""
     await engine.register_workflow("pipe", [task("pre"), {**task("go", "pre"), "kind": "k"}])
     for strategy, cancelled in (("cancel_newest", "promoted"), ("keep_newest", "waiting")):
-        await conn.execute("DELETE FROM cyclone_runs")
+        await conn.execute("DELETE FROM cyclone_step_deps; DELETE FROM cyclone_steps; DELETE FROM cyclone_runs")
         await engine.set_limit(limit("one", max_running=1, strategy=strategy, kinds=["k"], key="all"))
         [(waiting, _, _)] = await jobs(engine, "k", ["first"])
         promoted, _ = await engine.submit_run("pipe")

@@ -459,6 +459,8 @@ DECLARE
     any_child boolean;
     limited boolean;
     run_tokens text[];
+    root_kinds text[];
+    root_tokens text[];
     arrived uuid[];
 BEGIN
     PERFORM cyclone__limits_read_lock();  -- before the limits are read (15_limits.sql)
@@ -478,6 +480,20 @@ BEGIN
                FROM jsonb_array_elements(p_nodes) n WHERE n ->> 'retention' IS NOT NULL),
             run_tokens)
     RETURNING * INTO r;
+
+    -- Root task steps of several keys: their fair clocks are locked in (kind, token) order
+    -- before the insert places them one by one in node order (cyclone__fair_place), and the
+    -- keys of their strategies before they arrive, as every other transaction takes them; a
+    -- submit with the keys the other way round would deadlock with this one.
+    IF limited AND jsonb_array_length(p_nodes) > 1 THEN
+        SELECT array_agg(n ->> 'kind'), array_agg(x.tokens[1]) INTO root_kinds, root_tokens
+          FROM jsonb_array_elements(p_nodes) n
+         CROSS JOIN LATERAL (SELECT cyclone__step_tokens(n, COALESCE(p_input, 'null'::jsonb), run_tokens) AS tokens) x
+         WHERE jsonb_array_length(n -> 'deps') = 0 AND n ->> 'type' = 'task' AND x.tokens IS NOT NULL;
+        IF cardinality(root_kinds) > 1 THEN
+            PERFORM cyclone__fair_keys_lock(root_kinds, root_tokens);
+        END IF;
+    END IF;
 
     -- What the new steps entered is taken from the insert itself: a query on the run's
     -- available steps would be planned against the claim index and walk the whole queue.
@@ -522,6 +538,9 @@ BEGIN
       JOIN cyclone_steps d ON d.run_id = r.id AND d.node = dep.node;
 
     IF limited THEN  -- the limits' strategies (it may cancel this very run)
+        IF cardinality(arrived) > 1 THEN
+            PERFORM cyclone__arrivals_lock(arrived);
+        END IF;
         PERFORM cyclone__limits_arrive(r.id, COALESCE(arrived, '{}'));
     END IF;
     IF any_available THEN
