@@ -36,7 +36,10 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -104,9 +107,12 @@ def per_call(stmts: list[dict], function: str) -> tuple[float, float] | None:
     return (s["ms"] / s["calls"], s["blocks"] / s["calls"]) if s else None
 
 
-def drain_first(pg, db: str, measure: int, timeout: float, workdir: Path) -> dict:
+def drain_first(pg, db: str, measure: int, timeout: float, workdir: Path,
+                beside: Callable[[], Any] | None = None) -> dict:
     """A fresh server and 2 SDK workers on `db`; the seconds from the go to the finish of the
-    `measure`-th run, and the claim's and results' costs when pg_stat_statements is there."""
+    `measure`-th run (and the go, `t0`, on the clock of finished_at), and the claim's and
+    results' costs when pg_stat_statements is there. `beside`, if given, runs in a thread from
+    the go on; the drain waits for it too, and its result is `beside`."""
     url = pg.url(db)
     server, address = start_server(url, workdir)
     ctx = mp.get_context("spawn")
@@ -125,14 +131,19 @@ def drain_first(pg, db: str, measure: int, timeout: float, workdir: Path) -> dic
         for _ in procs:
             ready.get(timeout=120)
         before = statements(url) if stmts else {}
+        pool = ThreadPoolExecutor(1)
         with psycopg.connect(url, autocommit=True) as c:
             t0 = time.time()  # finished_at is on this clock
             go.set()
+            side = pool.submit(beside) if beside else None
             while (row := c.execute(query, (t0, measure - 1)).fetchone()) is None:
                 if time.time() > t0 + timeout:
                     raise SystemExit(f"{db}: {measure:,} runs not finished after {timeout:.0f} s")
                 time.sleep(POLL)
-        out = {"seconds": float(row[0]) - t0}
+        out = {"seconds": float(row[0]) - t0, "t0": t0}
+        if side:
+            out["beside"] = side.result(timeout=timeout)
+        pool.shutdown()
         if stmts:
             delta = statements_delta(before, statements(url))
             out |= {"claim": per_call(delta, "cyclone_leases_claim"), "apply": per_call(delta, "cyclone_results_apply")}

@@ -2,6 +2,7 @@
 
     nice -n 19 .venv/bin/python bench/history.py [--history 10000000] [--jobs 50000] [--rounds 5]
     nice -n 19 .venv/bin/python bench/history.py --embedded       # the embedded Postgres 18
+    nice -n 19 .venv/bin/python bench/history.py --parts purge    # only the purge of a day
 
 Two databases of one Postgres, made once and migrated: `empty`, and `history` with --history
 terminal one-step runs (completed, their output stored) that finished over the last days,
@@ -15,6 +16,15 @@ server and one SDK worker take --latency lone jobs enqueued one at a time 10 ms 
 case's rate and latency p50 / p99 per round, the medians with min and max, the ratios
 history/empty per round and their medians, the tables' and indexes' sizes, and the Postgres
 version and settings. The targets (issue 35): drain history/empty >= 0.95, latency within 5%.
+
+The purge part (--parts purge), in the history database, each round: a drain of --purge-jobs
+jobs alone; another with the oldest --day runs of history purged beside it from 1 s after its
+go, as `cyclone runs purge --all` purges (calls of 1,000 runs, each a transaction); the day
+loaded again (older than the rest), purged with nothing beside, and loaded again. It prints
+the purge's seconds beside the drain and alone, and the two drains' rates over the same
+seconds after their go (those of the purge) with their ratio. The targets (issue 35): a day of
+1,000,000 runs removed in <= 10 s, the drain beside it >= 0.9 of the drain alone. The drained
+jobs stay as history (the newest), a few hundred thousand beside the millions.
 
 --dsn (default the machine's Postgres 15) needs a role that may create databases and run
 CHECKPOINT. The databases are dropped at the end.
@@ -43,6 +53,7 @@ from _report import MIN_ROUNDS, fmt_spread, postgres_line
 from burst import DEFAULT_DSN, External, commit_of_checkout, drain_first, enqueue
 
 CHUNK = 1_000_000  # terminal runs per transaction of the load
+PURGE_BATCH = 1000  # runs per purge call, as `cyclone runs purge` and the retention sweep
 
 # One-step runs of kind "work" that completed, a millisecond apart, ending an hour ago at the
 # latest; the step as the engine leaves it (leased once, its output stored).
@@ -52,7 +63,7 @@ WITH r AS (
     SELECT cyclone_uuid7(), 'completed', jsonb_build_object('order', i),
            jsonb_build_object('work', jsonb_build_object('shipped', i)), t, t + interval '1 s', t + interval '1 s'
       FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
-           LATERAL (SELECT now() - interval '1 hour' - (%(total)s::bigint - i) * interval '1 ms' AS t) AS x
+           LATERAL (SELECT %(newest)s::timestamptz - (%(total)s::bigint - i) * interval '1 ms' AS t) AS x
     RETURNING id, result, created_at, finished_at)
 INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims, attempt_timeout,
                            backoff_initial, backoff_max, scheduled_at, lease_generation, lease_owner,
@@ -70,14 +81,72 @@ SELECT {MARK} c.relname, pg_size_pretty(pg_table_size(c.oid)) AS table_size,
 """
 
 
-def load_history(url: str, total: int) -> float:
+def load_history(url: str, total: int, newest: str = "now() - interval '1 hour'") -> float:
+    """`total` terminal runs, created a millisecond apart, the newest at the SQL `newest`."""
     t = time.monotonic()
     with psycopg.connect(url, autocommit=True) as c:
+        end = c.execute(f"SELECT {MARK} {newest}").fetchone()[0]
         for first in range(1, total + 1, CHUNK):
-            c.execute(INSERT_HISTORY, {"first": first, "last": min(first + CHUNK - 1, total), "total": total})
+            c.execute(INSERT_HISTORY, {"first": first, "last": min(first + CHUNK - 1, total), "total": total,
+                                       "newest": end})
             note(f"  history: {min(first + CHUNK - 1, total):,} runs")
     settle(url)
     return time.monotonic() - t
+
+
+def purge_day(url: str, day: int, delay: float = 0.0) -> dict[str, float]:
+    """The oldest `day` runs of history deleted as `cyclone runs purge --all` deletes them:
+    calls of 1,000 runs (each its own transaction) until one deletes fewer. `delay` seconds
+    first. Each call's age is set so that only those runs are eligible."""
+    time.sleep(delay)
+    with psycopg.connect(url, autocommit=True) as c:
+        cutoff = c.execute(f"SELECT {MARK} finished_at FROM cyclone_runs WHERE state IN ('completed', 'failed', "
+                           "'cancelled') ORDER BY finished_at OFFSET %s LIMIT 1", (day - 1,)).fetchone()[0]
+        start, deleted = time.time(), 0
+        while True:
+            n = c.execute(f"SELECT {MARK} cyclone_runs_purge(now() - %s::timestamptz, %s)",
+                          (cutoff, PURGE_BATCH)).fetchone()[0]
+            deleted += n
+            if n < PURGE_BATCH:
+                break
+        return {"start": start, "end": time.time(), "deleted": deleted}
+
+
+def finished_between(url: str, t0: float, start: float, end: float) -> int:
+    """Runs of the drain that went at t0 finished in [start, end) (epoch seconds)."""
+    with psycopg.connect(url, autocommit=True) as c:
+        return c.execute(f"SELECT {MARK} count(*) FROM cyclone_runs WHERE finished_at >= to_timestamp(%s) "
+                         "AND finished_at >= to_timestamp(%s) AND finished_at < to_timestamp(%s)",
+                         (t0, start, end)).fetchone()[0]
+
+
+def purge_round(pg, db: str, day: int, jobs: int, timeout: float, workdir: Path) -> dict[str, float]:
+    """One round of the purge part: a drain alone, a drain with the purge of a day beside it
+    (from 1 s after the go), the day loaded again, the purge of it alone, the day loaded again.
+    The drains' rates are compared over the same seconds after their go: those of the purge."""
+    url = pg.url(db)
+    reload = f"(SELECT min(finished_at) FROM cyclone_runs) - interval '1 s 1 ms'"
+    enqueue(url, jobs)
+    settle(url)
+    alone = drain_first(pg, db, jobs, timeout, workdir)
+    enqueue(url, jobs)
+    settle(url)
+    mixed = drain_first(pg, db, jobs, timeout, workdir, beside=lambda: purge_day(url, day, delay=1.0))
+    p = mixed["beside"]
+    if p["deleted"] != day:
+        raise SystemExit(f"the purge deleted {p['deleted']:,} runs, not {day:,}")
+    # The window: the purge's seconds, cut at the end of the shorter drain.
+    a, b = p["start"] - mixed["t0"], min(p["end"] - mixed["t0"], mixed["seconds"], alone["seconds"])
+    if b - a < 1:
+        raise SystemExit(f"the drains ended {b - a:.1f} s into the purge: raise --purge-jobs")
+    rate_alone = finished_between(url, alone["t0"], alone["t0"] + a, alone["t0"] + b) / (b - a)
+    rate_mixed = finished_between(url, mixed["t0"], mixed["t0"] + a, mixed["t0"] + b) / (b - a)
+    load_history(url, day, reload)
+    idle = purge_day(url, day)
+    load_history(url, day, reload)
+    return {"purge beside a drain, s": p["end"] - p["start"], "purge alone, s": idle["end"] - idle["start"],
+            "drain alone, jobs/s": rate_alone, "drain beside the purge, jobs/s": rate_mixed,
+            "window, s": b - a}
 
 
 def sizes(url: str) -> str:
@@ -107,8 +176,8 @@ def dispatch_latency(pg, db: str, jobs: int, workdir: Path) -> tuple[float, floa
         server.terminate()
         server.wait(30)
     with psycopg.connect(url, autocommit=True) as c:  # the next round's measure counts its own jobs only
-        c.execute(f"DELETE {MARK} FROM cyclone_runs r USING cyclone_steps s "
-                  "WHERE s.run_id = r.id AND s.kind = %s", (latency.KIND,))
+        c.execute(f"WITH s AS (DELETE {MARK} FROM cyclone_steps WHERE kind = %s RETURNING run_id) "
+                  "DELETE FROM cyclone_runs r USING s WHERE r.id = s.run_id", (latency.KIND,))
     return statistics.median(waits) * 1000, waits[min(len(waits) - 1, int(len(waits) * 0.99))] * 1000
 
 
@@ -121,13 +190,23 @@ def main() -> None:
     ap.add_argument("--embedded", action="store_true", help="an embedded Postgres 18 instead of --dsn")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds one drain may take")
     ap.add_argument("--latency", type=int, default=200, help="lone jobs timed per round and case (0: none)")
+    ap.add_argument("--parts", default="drain,purge",
+                    help="drain: beside history / none; purge: a day of history purged beside a drain")
+    ap.add_argument("--day", type=int, default=1_000_000, help="runs the purge part deletes per purge")
+    ap.add_argument("--purge-jobs", type=int, default=150_000,
+                    help="jobs of each drain of the purge part (it must outlast the purge)")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"drain", "purge"} or args.day > args.history:
+        ap.error("--parts takes drain and purge; --day at most --history")
     if args.rounds < MIN_ROUNDS:
         note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
     with tempfile.TemporaryDirectory(prefix="cyclone-history-") as tmp:
         workdir = Path(tmp)
         pg = start_postgres(workdir / "pg") if args.embedded else External(args.dsn)
         dbs = {"empty": "bench_history_empty", "history": "bench_history_full"}
+        if "drain" not in parts:
+            del dbs["empty"]
         try:
             settings = postgres_line(pg.url())
             note(settings)
@@ -137,45 +216,68 @@ def main() -> None:
                 if case == "history":
                     note(f"history: loading {args.history:,} terminal runs and steps")
                     note(f"history: loaded and settled in {load_history(url, args.history):.0f} s")
-            rounds: list[dict[str, float]] = []
-            lat: list[dict[str, tuple[float, float]]] = []
-            for r in range(args.rounds):
-                rates, ms = {}, {}
-                for case, db in dbs.items():
-                    seconds = drain(pg, db, args.jobs, args.timeout, workdir)
-                    rates[case] = args.jobs / seconds
-                    note(f"round {r + 1}: {case} {rates[case]:,.0f} jobs/s")
-                    if args.latency:
-                        ms[case] = dispatch_latency(pg, db, args.latency, workdir)
-                        note(f"round {r + 1}: {case} dispatch latency p50 {ms[case][0]:.2f} ms, p99 {ms[case][1]:.2f} ms")
-                rounds.append(rates)
-                lat.append(ms)
-            print(f"\nhistory: {args.jobs:,} jobs drained beside {args.history:,} terminal steps / none, "
-                  f"Cyclone 2 workers x 64 slots, {len(rounds)} rounds, commit {commit_of_checkout()}, "
-                  f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-            print(settings)
-            for case, db in dbs.items():
-                print(f"{case}: {sizes(pg.url(db))}")
-            rows = [[f"{case}, jobs/s", *[fmt_int(x[case]) for x in rounds], fmt_spread([x[case] for x in rounds])]
-                    for case in dbs]
-            ratios = [x["history"] / x["empty"] for x in rounds]
-            rows.append(["history / empty", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
-            if args.latency:
-                for q, name in ((0, "p50"), (1, "p99")):
-                    for case in dbs:
-                        values = [x[case][q] for x in lat]
-                        rows.append([f"{case}, dispatch latency {name} ms", *[f"{v:.2f}" for v in values],
-                                     fmt_spread(values, "{:.2f}")])
-                    ratios = [x["history"][q] / x["empty"][q] for x in lat]
-                    rows.append([f"latency {name} history / empty", *[f"{v:.2f}" for v in ratios],
-                                 fmt_spread(ratios, "{:.2f}")])
-            print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
+            if "drain" in parts:
+                drain_part(pg, dbs, args, settings, workdir)
+            if "purge" in parts:
+                purge_part(pg, dbs["history"], args, settings, workdir)
         finally:
             with psycopg.connect(pg.url(), autocommit=True) as c:
                 for db in dbs.values():
                     c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
             if args.embedded:
                 pg.stop()
+
+
+def purge_part(pg, db: str, args: argparse.Namespace, settings: str, workdir: Path) -> None:
+    rounds = []
+    for r in range(args.rounds):
+        rounds.append(purge_round(pg, db, args.day, args.purge_jobs, args.timeout, workdir))
+        note(f"purge round {r + 1}: " + ", ".join(f"{k} {v:,.1f}" for k, v in rounds[-1].items()))
+    print(f"\npurge: the oldest {args.day:,} of {args.history:,} terminal runs deleted in calls of "
+          f"{PURGE_BATCH:,}, alone and beside a drain of {args.purge_jobs:,} jobs (2 workers x 64 slots; rates "
+          f"over the purge's seconds), {len(rounds)} rounds, commit {commit_of_checkout()}, "
+          f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(settings)
+    rows = [[k, *[f"{x[k]:,.1f}" for x in rounds], fmt_spread([x[k] for x in rounds], "{:,.1f}")] for k in rounds[0]]
+    ratios = [x["drain beside the purge, jobs/s"] / x["drain alone, jobs/s"] for x in rounds]
+    rows.append(["drain beside / alone", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
+    print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
+
+
+def drain_part(pg, dbs: dict[str, str], args: argparse.Namespace, settings: str, workdir: Path) -> None:
+    rounds: list[dict[str, float]] = []
+    lat: list[dict[str, tuple[float, float]]] = []
+    for r in range(args.rounds):
+        rates, ms = {}, {}
+        for case, db in dbs.items():
+            seconds = drain(pg, db, args.jobs, args.timeout, workdir)
+            rates[case] = args.jobs / seconds
+            note(f"round {r + 1}: {case} {rates[case]:,.0f} jobs/s")
+            if args.latency:
+                ms[case] = dispatch_latency(pg, db, args.latency, workdir)
+                note(f"round {r + 1}: {case} dispatch latency p50 {ms[case][0]:.2f} ms, p99 {ms[case][1]:.2f} ms")
+        rounds.append(rates)
+        lat.append(ms)
+    print(f"\nhistory: {args.jobs:,} jobs drained beside {args.history:,} terminal steps / none, "
+          f"Cyclone 2 workers x 64 slots, {len(rounds)} rounds, commit {commit_of_checkout()}, "
+          f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(settings)
+    for case, db in dbs.items():
+        print(f"{case}: {sizes(pg.url(db))}")
+    rows = [[f"{case}, jobs/s", *[fmt_int(x[case]) for x in rounds], fmt_spread([x[case] for x in rounds])]
+            for case in dbs]
+    ratios = [x["history"] / x["empty"] for x in rounds]
+    rows.append(["history / empty", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
+    if args.latency:
+        for q, name in ((0, "p50"), (1, "p99")):
+            for case in dbs:
+                values = [x[case][q] for x in lat]
+                rows.append([f"{case}, dispatch latency {name} ms", *[f"{v:.2f}" for v in values],
+                             fmt_spread(values, "{:.2f}")])
+            ratios = [x["history"][q] / x["empty"][q] for x in lat]
+            rows.append([f"latency {name} history / empty", *[f"{v:.2f}" for v in ratios],
+                         fmt_spread(ratios, "{:.2f}")])
+    print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import claim_one, fetch, fetch_one, finish, start, step, task
+import asyncio
+
+from engine_helpers import claim_one, fetch, fetch_one, finish, start, step, task, violations
 
 from cyclone_server.store.engine import Engine
 
@@ -108,3 +110,58 @@ async def test_deleting_a_run_deletes_its_steps_edges_signals_and_child_runs(eng
     assert await fetch_one(conn, counts) == {"runs": 2, "steps": 5, "deps": 1, "signals": 2}
     assert await engine.purge(DAY) == 1
     assert await fetch_one(conn, counts) == {"runs": 0, "steps": 0, "deps": 0, "signals": 0}
+
+
+async def nested(engine: Engine, conn) -> tuple[str, set[str]]:
+    """A cancelled run with a child run that has a child run of its own, each with an edge and a
+    signal: the run and its tree's ids."""
+    top = await start(engine, [task("a"), task("b", "a"), task("kid", type="child", workflow="mid"),
+                               task("sig", type="signal")])
+    mid = str((await step(conn, top, "kid"))["child_run_id"])
+    leaf = str((await step(conn, mid, "kid2"))["child_run_id"])
+    for run in (top, mid, leaf):
+        await engine.signal(run, "unused", 1)
+    await engine.cancel_run(top)
+    return top, {top, mid, leaf}
+
+
+async def register_tree(engine: Engine) -> None:
+    await engine.register_workflow("leaf", [task("x"), task("y", "x"), task("w", type="signal")])
+    await engine.register_workflow("mid", [task("m"), task("n", "m"), task("kid2", type="child", workflow="leaf"),
+                                           task("w", type="signal")])
+
+
+async def test_a_purged_run_takes_its_whole_tree_and_nothing_else(engine: Engine, conn) -> None:
+    """Child runs to any depth go with their run, with their steps, edges and signals (set by set,
+    no foreign key cascades them); another run's rows stay."""
+    await register_tree(engine)
+    top, tree = await nested(engine, conn)
+    keep, kept = await nested(engine, conn)
+    await age(conn, top, 10 * DAY)
+    rows = "SELECT (SELECT count(*) FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])) AS steps, " \
+           "(SELECT count(*) FROM cyclone_step_deps WHERE run_id = ANY (%s::uuid[])) AS deps, " \
+           "(SELECT count(*) FROM cyclone_signals WHERE run_id = ANY (%s::uuid[])) AS signals"
+    before = await fetch_one(conn, rows, *[list(kept)] * 3)
+    assert before == {"steps": 11, "deps": 3, "signals": 3}
+    assert await fetch_one(conn, rows, *[list(tree)] * 3) == before
+    assert await engine.purge(DAY) == 1  # the run; its child runs are not counted
+    assert await run_ids(conn) == kept
+    assert await fetch_one(conn, rows, *[list(tree)] * 3) == {"steps": 0, "deps": 0, "signals": 0}
+    assert await fetch_one(conn, rows, *[list(kept)] * 3) == before
+    assert await violations(conn) == {}
+
+
+async def test_racing_purges_delete_each_tree_once_and_leave_no_rows_behind(engine: Engine, conn) -> None:
+    """Eight purges at once over twenty trees: every tree goes, each counted once, and no step,
+    edge, signal or child run is left without its run."""
+    await register_tree(engine)
+    trees = [await nested(engine, conn) for _ in range(20)]
+    for top, _ in trees:
+        await age(conn, top, 10 * DAY)
+    counts = await asyncio.gather(*(engine.purge(DAY, limit=3) for _ in range(8)))
+    while (n := await engine.purge(DAY, limit=3)) > 0:
+        counts.append(n)
+    assert sum(counts) == 20
+    assert await run_ids(conn) == set()
+    assert await fetch_one(conn, "SELECT (SELECT count(*) FROM cyclone_steps) + (SELECT count(*) FROM cyclone_step_deps)"
+                                 " + (SELECT count(*) FROM cyclone_signals) AS n") == {"n": 0}
