@@ -755,6 +755,40 @@ async def lock_waits_are(conn, n: int) -> bool:
     return await lock_waits(conn) == n
 
 
+
+async def test_a_new_runs_keys_of_runs_are_locked_before_its_steps_keys(engine: Engine, conn, db_url: str) -> None:
+    """A run's arrival takes the keys of its limits of runs, then those of its steps' limits
+    (cyclone__limits_arrive). A run with two root steps locks its keys first
+    (cyclone__arrivals_lock), in that same order: with "all" of the runs' limit held by a
+    blocker, a one-step run of key s1 and then a two-step run of keys s1 and s2 wait for it,
+    and both are made once it is released (the two-step run locked s1 before "all" and
+    deadlocked with the other)."""
+    import psycopg
+    await engine.set_limit(limit("runs", scope="runs", max_running=10, strategy="cancel_newest",
+                                 workflows=["one", "two"], key="all"))
+    await engine.set_limit(limit("s", max_running=10, strategy="cancel_newest"))
+
+    def node(node_id: str, kind: str, path: str) -> dict[str, Any]:
+        return {**task(node_id), "kind": kind, "limits": [{"limit": "s", "key_path": [path]}]}
+    await engine.register_workflow("one", [node("x", "k2", "a")])
+    await engine.register_workflow("two", [node("y", "k", "a"), node("z", "k", "b")])
+    other = await Engine.open(db_url, min_size=1, max_size=2)
+    try:
+        async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+            await blocker.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('runs', 'all') "
+                                  "ON CONFLICT DO NOTHING")
+            await blocker.commit()
+            await blocker.execute("SELECT 1 FROM cyclone_limit_keys WHERE limit_name = 'runs' AND key = 'all' FOR UPDATE")
+            first = asyncio.create_task(engine.submit_run("one", input={"a": "s1"}))
+            await eventually(lambda: lock_waits_are(conn, 1))
+            second = asyncio.create_task(other.submit_run("two", input={"a": "s1", "b": "s2"}))
+            await eventually(lambda: lock_waits_are(conn, 2))
+            await blocker.rollback()
+        made = [await first, await second]
+    finally:
+        await other.close()
+    assert [(await engine.get_run(run_id))["state"] for run_id, _ in made] == ["running", "running"]
+
 async def test_two_batches_promoting_keys_in_other_orders_never_deadlock(engine: Engine, conn,
                                                                          db_url: str) -> None:
     """Batch 1 makes the go steps of tenants a then b available, batch 2 those of b then a (by

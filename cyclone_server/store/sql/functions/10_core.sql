@@ -483,8 +483,9 @@ BEGIN
 
     -- Root task steps of several keys: their fair clocks are locked in (kind, token) order
     -- before the insert places them one by one in node order (cyclone__fair_place), and the
-    -- keys of their strategies before they arrive, as every other transaction takes them; a
-    -- submit with the keys the other way round would deadlock with this one.
+    -- keys of the run's and their strategies before they arrive (cyclone__arrivals_lock); a
+    -- submit with the keys the other way round would deadlock with this one. (A child run
+    -- made in the same transaction, below, takes its own clocks after these.)
     IF limited AND jsonb_array_length(p_nodes) > 1 THEN
         SELECT array_agg(n ->> 'kind'), array_agg(x.tokens[1]) INTO root_kinds, root_tokens
           FROM jsonb_array_elements(p_nodes) n
@@ -539,7 +540,7 @@ BEGIN
 
     IF limited THEN  -- the limits' strategies (it may cancel this very run)
         IF cardinality(arrived) > 1 THEN
-            PERFORM cyclone__arrivals_lock(arrived);
+            PERFORM cyclone__arrivals_lock(arrived, run_tokens);
         END IF;
         PERFORM cyclone__limits_arrive(r.id, COALESCE(arrived, '{}'));
     END IF;

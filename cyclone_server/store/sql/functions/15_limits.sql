@@ -166,13 +166,16 @@ BEGIN
      ORDER BY f.kind, f.token FOR UPDATE OF f;
 END $$;
 
--- Before limited task steps (p_step_ids, pending) enter available together (a promotion of
--- several, one after the other): lock what placing them and their arrivals will lock, in the
--- order every other transaction takes them: their fair clocks (kind, first token), then the
--- keys whose limits have a strategy. Entered one by one, each step would take its clock,
--- then its key, then the next step's clock: a clock after a key, against an EnqueueMany
--- that holds the clock and waits for the key.
-CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[]) RETURNS void
+-- Before limited task steps (p_step_ids) enter available together (a promotion of several,
+-- one after the other, or a new run's root steps): lock what placing them and their
+-- arrivals will lock, in the order every other transaction takes them: their fair clocks
+-- (kind, first token), then, for a new run (p_run_tokens, its tokens), the keys of its
+-- limits of runs that have a strategy, then the keys of the steps' limits that have one,
+-- each set sorted (cyclone__limits_arrive takes a run's keys before its steps'). Entered one
+-- by one, each step would take its clock, then its key, then the next step's clock: a clock
+-- after a key, against an EnqueueMany that holds the clock and waits for the key.
+DROP FUNCTION IF EXISTS cyclone__arrivals_lock(uuid[]);
+CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[], p_run_tokens text[] DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     t text;
@@ -183,6 +186,12 @@ BEGIN
         ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s
                WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id));
     IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
+        FOR t IN SELECT DISTINCT x.t FROM unnest(p_run_tokens) AS x (t)
+                  WHERE EXISTS (SELECT 1 FROM cyclone_limits l
+                                 WHERE l.name = cyclone__token_limit(x.t) AND l.strategy <> 'queue' AND l.scope = 'runs')
+                  ORDER BY x.t LOOP
+            PERFORM cyclone__limit_key_lock(cyclone__token_limit(t), cyclone__token_key(t));
+        END LOOP;
         FOR t IN SELECT DISTINCT x.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS x (t)
                   WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL
                     AND EXISTS (SELECT 1 FROM cyclone_limits l
