@@ -115,14 +115,22 @@ def recorded(url: str) -> dict[str, str]:
         return dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
 
 
-def schema(url: str) -> tuple[set, set]:
-    """The columns (with types, nullability, defaults) and the index definitions."""
+def schema(url: str) -> tuple[set, set, set, set]:
+    """The columns (with types, nullability, defaults), the index definitions, the constraints
+    (foreign keys among them) and the triggers."""
     with psycopg.connect(url) as conn:
         columns = set(conn.execute(
             "SELECT table_name, column_name, data_type, is_nullable, column_default FROM information_schema.columns "
             "WHERE table_schema = 'public'").fetchall())
         indexes = set(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'").fetchall())
-    return columns, indexes
+        constraints = set(conn.execute(
+            "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+            "JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = 'public'").fetchall())
+        triggers = set(conn.execute(
+            "SELECT t.tgrelid::regclass::text, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
+            "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND NOT t.tgisinternal").fetchall())
+    return columns, indexes, constraints, triggers
 
 
 async def step_rows(conn: psycopg.AsyncConnection, run_id: Any) -> dict[str, dict[str, Any]]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import asyncio
 
-from engine_helpers import claim_one, fetch, fetch_one, finish, start, step, task, violations
+import pytest
+from engine_helpers import claim_one, eventually, fetch, fetch_one, finish, start, step, task, violations
 
 from cyclone_server.store.engine import Engine
 
@@ -151,17 +151,74 @@ async def test_a_purged_run_takes_its_whole_tree_and_nothing_else(engine: Engine
     assert await violations(conn) == {}
 
 
-async def test_racing_purges_delete_each_tree_once_and_leave_no_rows_behind(engine: Engine, conn) -> None:
-    """Eight purges at once over twenty trees: every tree goes, each counted once, and no step,
-    edge, signal or child run is left without its run."""
+async def completed_tree(engine: Engine, conn) -> tuple[str, set[str]]:
+    """A completed run whose child run completed, and that one's child run too, all finished
+    ten days ago: the top run and the tree's ids."""
+    top = await start(engine, [task("a"), task("kid", "a", type="child", workflow="cmid")], name="ctop")
+
+    async def done() -> bool:
+        for lease in await engine.claim("w", ["a", "m", "x", "y"], 10, 30):
+            await engine.complete(lease["step_id"], lease["lease_generation"], None)
+        await engine.sweep()
+        return (await engine.get_run(top))["state"] == "completed"
+    await eventually(done)
+    tree = {top}
+    while more := {str(r["id"]) for r in await fetch(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = ANY (%s::uuid[])",
+                                                     list(tree))} - tree:
+        tree |= more
+    for run in tree:
+        await age(conn, run, 10 * DAY)
+    return top, tree
+
+
+async def register_completing_tree(engine: Engine) -> None:
+    await engine.register_workflow("cleaf", [task("x"), task("y", "x")])
+    await engine.register_workflow("cmid", [task("m"), task("kid2", "m", type="child", workflow="cleaf")])
+
+
+async def test_a_tree_of_eligible_runs_is_picked_at_its_top_only(engine: Engine, conn) -> None:
+    """A completed run, its child run and their child run are all eligible; the purge picks the
+    top one only and the others go with it, so that two purges never hold runs of one tree
+    (one would lock the top and wait for the child the other holds, which waits for the
+    grandchild: a deadlock). The dry run counts what the calls pick."""
+    await register_completing_tree(engine)
+    top, tree = await completed_tree(engine, conn)
+    assert len(tree) == 3
+    assert await engine.purge_count(DAY) == 1
+    assert await engine.purge(DAY, limit=10) == 1
+    assert await run_ids(conn) == set()
+    assert await violations(conn) == {}
+
+
+async def test_deleting_runs_by_hand_deletes_their_rows_and_child_runs_too(engine: Engine, conn) -> None:
+    """No foreign key cascades a run's rows (migration 0012): a trigger does, once per
+    statement, whatever deletes runs (an operator's DELETE, a server of an earlier release
+    that purges through the cascade)."""
     await register_tree(engine)
-    trees = [await nested(engine, conn) for _ in range(20)]
-    for top, _ in trees:
+    top, tree = await nested(engine, conn)
+    keep, kept = await nested(engine, conn)
+    await conn.execute("DELETE FROM cyclone_runs WHERE id = %s", (top,))
+    assert await run_ids(conn) == kept
+    assert await violations(conn) == {}
+    await conn.execute("DELETE FROM cyclone_runs WHERE state = 'running'")  # no row: nothing
+    assert await run_ids(conn) == kept
+
+
+async def test_racing_purges_delete_each_tree_once_and_leave_no_rows_behind(engine: Engine, conn) -> None:
+    """Eight purges at once over twenty trees of eligible runs (completed three deep) and
+    twenty cancelled ones: every tree goes, each counted once at its top, no purge fails on a
+    deadlock, and no step, edge, signal or child run is left without its run."""
+    await register_tree(engine)
+    await register_completing_tree(engine)
+    for _ in range(20):
+        await completed_tree(engine, conn)
+    for _ in range(20):
+        top, _ = await nested(engine, conn)
         await age(conn, top, 10 * DAY)
     counts = await asyncio.gather(*(engine.purge(DAY, limit=3) for _ in range(8)))
     while (n := await engine.purge(DAY, limit=3)) > 0:
         counts.append(n)
-    assert sum(counts) == 20
+    assert sum(counts) == 40
     assert await run_ids(conn) == set()
     assert await fetch_one(conn, "SELECT (SELECT count(*) FROM cyclone_steps) + (SELECT count(*) FROM cyclone_step_deps)"
                                  " + (SELECT count(*) FROM cyclone_signals) AS n") == {"n": 0}
