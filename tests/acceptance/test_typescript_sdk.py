@@ -43,6 +43,7 @@ PRINTS = {
                   "FAILED_PRECONDITION", "true 5", "cannot reach 127.0.0.1:1: connection refused"],
     "logging.ts": ["info bill 1 12", "string string"],
     "tracing.ts": ["true", "true true", "completed"],
+    "flowcontrol.ts": ["{ acme: 1, globex: 1 }", "{ notify: { mailed: 'acme' } }", "[ 'per-tenant 1', 'smtp 2' ]"],
 }
 
 

@@ -284,7 +284,7 @@ func (c *Client) Submit(ctx context.Context, workflow string, input any, opts ..
 // Enqueue starts a standalone job (a one-node run of step kind `kind`) and returns its
 // run id. Options: Priority, IdempotencyKey, Deadline, DeadlineIn, ScheduledAt,
 // ScheduledIn, MaxAttempts, BackoffInitial, BackoffMax, MaxReclaims, AttemptTimeout,
-// Retention.
+// Retention, Limits.
 func (c *Client) Enqueue(ctx context.Context, kind string, input any, opts ...Option) (string, error) {
 	req, err := Job{Kind: kind, Input: input, Options: opts}.request("Enqueue")
 	if err != nil {

@@ -479,3 +479,37 @@ func TestRunActionsAndSignal(t *testing.T) {
 		t.Fatalf("signal %q %v %v", id, m, err)
 	}
 }
+
+func TestLimitsAreSentOnTasksAndJobsAndMistakesNamed(t *testing.T) {
+	f, c := start(t, Options{})
+	tenant := LimitUse{Limit: "per-tenant", KeyPath: "input.tenant"}
+	wf := NewWorkflow("sync").Task("pull", Limits(tenant, LimitUse{Limit: "api", Key: "eu"})).Task("push", Deps("pull"))
+	if _, err := c.Register(context.Background(), wf); err != nil {
+		t.Fatal(err)
+	}
+	_, req, _ := f.last()
+	nodes := req.(*cyclonepb.RegisterWorkflowRequest).Nodes
+	if l := nodes[0].Limits; len(l) != 2 || l[0].Limit != "per-tenant" || l[0].KeyPath != "input.tenant" || l[0].Key != "" ||
+		l[1].Limit != "api" || l[1].Key != "eu" || len(nodes[1].Limits) != 0 {
+		t.Fatalf("nodes %v", nodes)
+	}
+	if _, err := c.Enqueue(context.Background(), "email", map[string]any{"tenant": "acme"}, Limits(LimitUse{Limit: "smtp"})); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, _ := f.last()
+	if l := msg.(*cyclonepb.EnqueueRequest).Limits; len(l) != 1 || l[0].Limit != "smtp" || l[0].Key != "" || l[0].KeyPath != "" {
+		t.Fatalf("enqueue limits %v", l)
+	}
+	bad := NewWorkflow("bad").Task("a", Limits(LimitUse{Limit: "x", Key: "k", KeyPath: "tenant"}))
+	if err := bad.Err(); err == nil || !strings.Contains(err.Error(), `node "a": Limits[0]: Key and KeyPath both given`) {
+		t.Fatalf("both keys: %v", err)
+	}
+	_, err := c.EnqueueMany(context.Background(), []Job{{Kind: "a"}, {Kind: "b", Options: []Option{Limits(LimitUse{})}}})
+	if err == nil || !strings.Contains(err.Error(), "jobs[1]: Limits[0]: the limit's name is empty") {
+		t.Fatalf("an unnamed limit: %v", err)
+	}
+	if err := NewWorkflow("w").Sleep("s", time.Second, Limits(tenant)).Err(); err == nil ||
+		!strings.Contains(err.Error(), "option Limits does not apply here") {
+		t.Fatalf("limits on a sleep node: %v", err)
+	}
+}

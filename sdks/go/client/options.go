@@ -45,6 +45,7 @@ type settings struct {
 	deadlineIn, scheduledIn            time.Duration
 	deadline, scheduledAt              time.Time
 	onDepFailure                       DepFailure
+	limits                             []*cyclonepb.LimitUse
 }
 
 func opt(name string, set func(*settings)) Option {
@@ -147,6 +148,35 @@ func ScheduledIn(d time.Duration) Option {
 	return duration("ScheduledIn", d, func(s *settings) { s.scheduledIn = d })
 }
 
+// LimitUse is the use of a named limit by a task node or a job (docs/flow-control.md):
+// the limit's name, and its key, a constant Key (a global cap when both are empty) or
+// KeyPath, a field path into the run input ("input.tenant" or "tenant"); at most one.
+type LimitUse struct {
+	Limit   string
+	Key     string
+	KeyPath string
+}
+
+// Limits are limits a task node's steps or a job consume, besides those that name its
+// kind. The limits themselves are set with the Limits service
+// (cyclonepb.NewLimitsClient(c.Conn()), or `cyclone limits set`):
+//
+//	wf.Task("pull", client.Limits(client.LimitUse{Limit: "per-tenant", KeyPath: "input.tenant"}))
+//	c.Enqueue(ctx, "email", in, client.Limits(client.LimitUse{Limit: "smtp"}))
+func Limits(uses ...LimitUse) Option {
+	return opt("Limits", func(s *settings) {
+		for i, u := range uses {
+			switch {
+			case u.Limit == "" && s.err == nil:
+				s.err = fmt.Errorf("Limits[%d]: the limit's name is empty", i)
+			case u.Key != "" && u.KeyPath != "" && s.err == nil:
+				s.err = fmt.Errorf("Limits[%d]: Key and KeyPath both given; at most one", i)
+			}
+			s.limits = append(s.limits, &cyclonepb.LimitUse{Limit: u.Limit, Key: u.Key, KeyPath: u.KeyPath})
+		}
+	})
+}
+
 // collect applies opts for a use that accepts `allowed`; where is the use, for errors.
 func collect(where string, opts []Option, allowed ...string) (*settings, error) {
 	s := &settings{}
@@ -222,7 +252,7 @@ func (s *settings) depFailure() cyclonepb.OnDepFailure {
 }
 
 var jobOptions = []string{"Priority", "IdempotencyKey", "Deadline", "DeadlineIn", "ScheduledAt", "ScheduledIn",
-	"MaxAttempts", "BackoffInitial", "BackoffMax", "MaxReclaims", "AttemptTimeout", "Retention"}
+	"MaxAttempts", "BackoffInitial", "BackoffMax", "MaxReclaims", "AttemptTimeout", "Retention", "Limits"}
 
 // Job is one standalone job for Client.EnqueueMany: Enqueue's arguments.
 type Job struct {
@@ -245,6 +275,7 @@ func (j Job) request(where string) (*cyclonepb.EnqueueRequest, error) {
 		MaxAttempts: s.int32p("MaxAttempts", s.maxAttempts), MaxReclaims: s.int32p("MaxReclaims", s.maxReclaims),
 		BackoffInitial: s.dur("BackoffInitial", s.backoffInitial), BackoffMax: s.dur("BackoffMax", s.backoffMax),
 		AttemptTimeout: s.dur("AttemptTimeout", s.attemptTimeout), Retention: s.dur("Retention", s.retention),
+		Limits: s.limits,
 	}
 	req.Deadline, req.DeadlineIn = s.deadlineFields()
 	switch {

@@ -32,13 +32,13 @@ func NewWorkflow(name string) *Workflow { return &Workflow{name: name} }
 
 var (
 	taskOptions = []string{"Kind", "Deps", "MaxAttempts", "BackoffInitial", "BackoffMax", "Priority", "MaxReclaims",
-		"AttemptTimeout", "OnDepFailure", "Retention"}
+		"AttemptTimeout", "OnDepFailure", "Retention", "Limits"}
 	waitOptions = []string{"Deps", "MaxWait", "OnDepFailure", "Retention"}
 )
 
 // Task adds a task node, run by a worker that handles its kind (Kind; default: the id).
 // Options: Kind, Deps, MaxAttempts, BackoffInitial, BackoffMax, Priority, MaxReclaims,
-// AttemptTimeout, OnDepFailure, Retention.
+// AttemptTimeout, OnDepFailure, Retention, Limits.
 func (w *Workflow) Task(id string, opts ...Option) *Workflow {
 	return w.add(id, cyclonepb.NodeType_NODE_TYPE_TASK, opts, taskOptions, nil)
 }
@@ -96,7 +96,7 @@ func (w *Workflow) add(id string, typ cyclonepb.NodeType, opts []Option, allowed
 		Priority:       s.int32p("Priority", s.priority),
 		BackoffInitial: s.dur("BackoffInitial", s.backoffInitial), BackoffMax: s.dur("BackoffMax", s.backoffMax),
 		AttemptTimeout: s.dur("AttemptTimeout", s.attemptTimeout), Retention: s.dur("Retention", s.retention),
-		MaxWait: s.dur("MaxWait", s.maxWait), OnDepFailure: s.depFailure(),
+		MaxWait: s.dur("MaxWait", s.maxWait), OnDepFailure: s.depFailure(), Limits: s.limits,
 	}
 	if fill != nil {
 		fill(node)

@@ -11,6 +11,8 @@ import {
 import { type Run as RunMsg, RunState, type Workflow as WorkflowMsg } from './gen/cyclone/v1/types.js';
 import { type ListWorkflowsResponse, type RegisterWorkflowResponse, WorkflowsClient } from './gen/cyclone/v1/workflows.js';
 import { toDuration, toJson } from './json.js';
+import { type LimitInfo, type LimitSpec, type LimitUse, limitInfo, limitMessage, limitUses } from './limits.js';
+import { type Limit as LimitMsg, LimitsClient, type ListLimitsResponse } from './gen/cyclone/v1/limits.js';
 import {
   type KindStats, Run, type RunStateName, type WorkerInfo, type WorkflowInfo, kindStats, workerInfo, workflowInfo,
 } from './models.js';
@@ -60,6 +62,8 @@ export interface JobOptions {
   maxReclaims?: number;
   attemptTimeoutMs?: number;
   retentionMs?: number;
+  /** Limits the job consumes, besides those that name its kind (docs/flow-control.md). */
+  limits?: LimitUse[];
 }
 
 /** One job of `Client.enqueueMany`. */
@@ -92,7 +96,7 @@ export interface ListOptions {
 // The calls that change nothing, or nothing more when made twice: made again when the
 // connection they were sent on broke (see Client.call).
 const REPEATABLE = new Set(['getRun', 'listRuns', 'waitRun', 'getWorkflow', 'listWorkflows', 'registerWorkflow',
-  'getStats', 'listWorkers']);
+  'getStats', 'listWorkers', 'getLimit', 'listLimits', 'setLimit']);
 // Statuses a call can end with that the server did not send: it may not have been reached.
 const NOT_AN_ANSWER = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED, grpc.status.CANCELLED,
   grpc.status.UNKNOWN]);
@@ -137,7 +141,7 @@ function jobRequest(job: Job, where = ''): EnqueueRequest {
     maxAttempts: job.maxAttempts, maxReclaims: job.maxReclaims,
     backoffInitial: ms(job.backoffInitialMs, at('backoffInitialMs')), backoffMax: ms(job.backoffMaxMs, at('backoffMaxMs')),
     attemptTimeout: ms(job.attemptTimeoutMs, at('attemptTimeoutMs')), retention: ms(job.retentionMs, at('retentionMs')),
-    scheduledAt, limits: [],
+    scheduledAt, limits: limitUses(job.limits, at('limits')),
   };
 }
 
@@ -166,7 +170,9 @@ export class Client {
   private readonly rpcTimeoutMs: number;
   private reached = false; // has the server answered once? Then calls wait across restarts.
   private closed = false;
-  private stubs: { channel: grpc.Channel; runs: RunsClient; workflows: WorkflowsClient; admin: AdminClient } | null = null;
+  private stubs: {
+    channel: grpc.Channel; runs: RunsClient; workflows: WorkflowsClient; admin: AdminClient; limits: LimitsClient;
+  } | null = null;
 
   constructor(address: string, options: ClientOptions = {}) {
     this.address = address;
@@ -201,6 +207,7 @@ export class Client {
         runs: new RunsClient(this.address, creds, opts),
         workflows: new WorkflowsClient(this.address, creds, opts),
         admin: new AdminClient(this.address, creds, opts),
+        limits: new LimitsClient(this.address, creds, opts),
       };
     }
     return this.stubs;
@@ -283,6 +290,13 @@ export class Client {
   private admin<Req, Res>(method: keyof AdminClient & string, request: Req): Promise<Res> {
     return this.call<Res>(method, (md, opts, cb) => {
       const stub = this.open().admin as unknown as Record<string, (...args: unknown[]) => unknown>;
+      return stub[method](request, md, opts, cb);
+    });
+  }
+
+  private limitsCall<Req, Res>(method: keyof LimitsClient & string, request: Req): Promise<Res> {
+    return this.call<Res>(method, (md, opts, cb) => {
+      const stub = this.open().limits as unknown as Record<string, (...args: unknown[]) => unknown>;
       return stub[method](request, md, opts, cb);
     });
   }
@@ -468,6 +482,32 @@ export class Client {
   async stats(): Promise<KindStats[]> {
     const resp = await this.admin<unknown, GetStatsResponse>('getStats', {});
     return resp.kinds.map(kindStats);
+  }
+
+  // -- limits (docs/flow-control.md) ----------------------------------------------------------
+
+  /**
+   * Creates or replaces a limit, whole (admin role); it applies on every server within a second.
+   *
+   *   await client.setLimit({ name: 'per-tenant', maxRunning: 5, kinds: ['sync'], keyPath: 'input.tenant' });
+   */
+  async setLimit(limit: LimitSpec): Promise<LimitInfo> {
+    return limitInfo(await this.limitsCall<unknown, LimitMsg>('setLimit', { limit: limitMessage(limit) }));
+  }
+
+  /** A limit with its busiest keys; NotFoundError when there is none of that name. */
+  async getLimit(name: string): Promise<LimitInfo> {
+    return limitInfo(await this.limitsCall<unknown, LimitMsg>('getLimit', { name }));
+  }
+
+  /** Every limit, by name, each with its busiest keys. */
+  async listLimits(): Promise<LimitInfo[]> {
+    return (await this.limitsCall<unknown, ListLimitsResponse>('listLimits', {})).limits.map(limitInfo);
+  }
+
+  /** Deletes a limit (admin role): its waiting steps are claimable at once. NotFoundError when there is none. */
+  async deleteLimit(name: string): Promise<void> {
+    await this.limitsCall<unknown, unknown>('deleteLimit', { name });
   }
 
   /** The workers connected to any server of the database; with `kind`, those that run it. */

@@ -20,6 +20,9 @@ export {
   Workflow, type NodeOptions, type TaskOptions, type WaitNodeOptions, type SignalOptions, type OnDepFailureName,
 } from './workflow.js';
 export {
+  type LimitUse, type LimitSpec, type LimitInfo, type LimitKeyInfo, type LimitStrategyName, type LimitScopeName,
+} from './limits.js';
+export {
   Run, TERMINAL_RUN_STATES, type Step, type StepError, type RunStateName, type StepStateName, type WorkflowInfo,
   type NodeInfo, type KindStats, type WorkerInfo,
 } from './models.js';

@@ -7,6 +7,7 @@ import {
   StepState, type Workflow as WorkflowMsg,
 } from './gen/cyclone/v1/types.js';
 import { fromDuration } from './json.js';
+import { type LimitUse, limitUse } from './limits.js';
 
 /** A run state: "running", "paused", "completed", "failed" or "cancelled". */
 export type RunStateName = 'running' | 'paused' | 'completed' | 'failed' | 'cancelled' | `unknown_${number}`;
@@ -159,6 +160,8 @@ export interface NodeInfo {
   sleepMs: number | undefined;
   signal: string | undefined;
   workflow: string | undefined;
+  /** The limits the node's steps consume (its own; those that name its kind are the limits'). */
+  limits: LimitUse[];
 }
 
 /** A stored workflow version. */
@@ -185,7 +188,7 @@ function nodeInfo(n: NodeMsg): NodeInfo {
     backoffInitialMs: fromDuration(n.backoffInitial), backoffMaxMs: fromDuration(n.backoffMax),
     attemptTimeoutMs: fromDuration(n.attemptTimeout), retentionMs: fromDuration(n.retention),
     maxWaitMs: fromDuration(n.maxWait), sleepMs: fromDuration(n.sleep),
-    signal: n.signal || undefined, workflow: n.workflow || undefined,
+    signal: n.signal || undefined, workflow: n.workflow || undefined, limits: n.limits.map(limitUse),
   };
 }
 

@@ -3,6 +3,7 @@
 import { type Node, NodeType, OnDepFailure } from './gen/cyclone/v1/types.js';
 import type { RegisterWorkflowRequest } from './gen/cyclone/v1/workflows.js';
 import { toDuration } from './json.js';
+import { type LimitUse, limitUses } from './limits.js';
 
 /** What a node does when one of its dependencies is discarded: fail the run (the default), or cancel only this branch. */
 export type OnDepFailureName = 'fail_run' | 'cancel_branch';
@@ -32,6 +33,8 @@ export interface TaskOptions extends NodeOptions {
   maxReclaims?: number;
   /** How long one execution may run; default 10 min. */
   attemptTimeoutMs?: number;
+  /** Limits the node's steps consume, besides those that name its kind (docs/flow-control.md). */
+  limits?: LimitUse[];
 }
 
 /** Options of a wait node (child, sleep, signal). */
@@ -90,6 +93,7 @@ export class Workflow {
       backoffInitial: duration(options.backoffInitialMs, `${where}: backoffInitialMs`),
       backoffMax: duration(options.backoffMaxMs, `${where}: backoffMaxMs`),
       attemptTimeout: duration(options.attemptTimeoutMs, `${where}: attemptTimeoutMs`),
+      limits: limitUses(options.limits, `${where}: limits`),
     });
   }
 

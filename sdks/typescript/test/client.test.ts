@@ -226,4 +226,34 @@ describe('Client', () => {
     assert.deepEqual(await client.stats(), [{ kind: 'a', available: 2, running: 1, scheduled: 4, oldestAvailableAgeMs: 3000, workers: 1, freeSlots: 7, noWorkers: false }]);
     assert.deepEqual((await client.workers('a')).map((w) => [w.workerId, w.kinds]), [['w', ['a']]]);
   });
+
+  it('declares limits on task nodes and jobs, names a use it cannot send, and sets and reads limits', async () => {
+    server.unary.registerWorkflow = (req) => ({ created: true, workflow: { name: req.name, version: 1, nodes: req.nodes } });
+    server.unary.enqueue = (req) => ({ runId: `job-${req.kind}`, stepId: 's', created: true });
+    const wf = new Workflow('sync')
+      .task('pull', { limits: [{ limit: 'per-tenant', keyPath: 'input.tenant' }, { limit: 'api', key: 'eu' }] })
+      .task('push', { deps: ['pull'] });
+    const info = await client.register(wf);
+    assert.deepEqual(info.nodes.map((n) => n.limits), [[{ limit: 'per-tenant', keyPath: 'input.tenant' }, { limit: 'api', key: 'eu' }], []]);
+    await client.enqueue('email', { tenant: 'acme' }, { limits: [{ limit: 'smtp' }] });
+    assert.deepEqual((plain(lastCall('enqueue')![1]) as { limits: unknown }).limits, [{ limit: 'smtp', key: '', keyPath: '' }]);
+    assert.throws(() => new Workflow('bad').task('a', { limits: [{ limit: 'x', key: 'k', keyPath: 'tenant' }] }),
+      { name: 'TypeError', message: 'node "a": limits[0]: key and keyPath both given; at most one' });
+    await assert.rejects(client.enqueueMany([{ kind: 'a' }, { kind: 'b', limits: [{ limit: '' }] }]),
+      { name: 'TypeError', message: 'jobs[1].limits[0].limit: "" is not a limit\'s name' });
+    server.unary.setLimit = (req) => ({ ...req.limit, keys: [{ key: 'acme', running: 2, waiting: 3, oldestWaitingAge: { seconds: 1, nanos: 500_000_000 }, startsInWindow: 0 }] });
+    const set = await client.setLimit({ name: 'per-tenant', maxRunning: 5, kinds: ['sync'], keyPath: 'input.tenant', strategy: 'cancel_newest', weights: { acme: 3 } });
+    const sent = (plain(lastCall('setLimit')![1]) as { limit: Record<string, unknown> }).limit;
+    assert.deepEqual([sent.name, sent.maxRunning, sent.rate, sent.kinds, sent.keyPath, sent.weights], ['per-tenant', 5, 0, ['sync'], 'input.tenant', { acme: 3 }]);
+    assert.deepEqual([set.maxRunning, set.rate, set.strategy, set.scope, set.keys], [5, undefined, 'cancel_newest', 'steps',
+      [{ key: 'acme', running: 2, waiting: 3, oldestWaitingAgeMs: 1500, startsInWindow: 0 }]]);
+    await assert.rejects(client.setLimit({ name: 'x', strategy: 'drop' as 'queue' }),
+      { name: 'TypeError', message: 'limit.strategy: "drop" is not one of queue, cancel_newest, cancel_oldest, keep_newest' });
+    await assert.rejects(client.setLimit({ name: 'x', maxRunning: 1.5 }), { name: 'TypeError', message: 'limit.maxRunning: 1.5 is not a 32-bit integer' });
+    server.unary.listLimits = () => ({ limits: [{ name: 'a', maxRunning: 0, rate: 10, period: { seconds: 60, nanos: 0 }, strategy: 0, scope: 2, kinds: [], workflows: ['w'], key: '', keyPath: '', weights: {}, keys: [] }] });
+    const [a] = await client.listLimits();
+    assert.deepEqual([a.name, a.maxRunning, a.rate, a.periodMs, a.scope, a.workflows], ['a', undefined, 10, 60_000, 'runs', ['w']]);
+    server.unary.deleteLimit = () => { throw status(grpc.status.NOT_FOUND, 'limit "gone" not found'); };
+    await assert.rejects(client.deleteLimit('gone'), NotFoundError);
+  });
 });

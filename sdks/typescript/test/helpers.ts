@@ -5,6 +5,7 @@
 import * as grpc from '@grpc/grpc-js';
 
 import { AdminService } from '../src/gen/cyclone/v1/admin.js';
+import { LimitsService } from '../src/gen/cyclone/v1/limits.js';
 import { RunsService } from '../src/gen/cyclone/v1/runs.js';
 import {
   type Hello, type Lease, type ServerMessage, type StepResult, type WorkerMessage, WorkersService,
@@ -166,7 +167,8 @@ export class FakeServer {
         call.on('error', () => undefined);
       },
     });
-    for (const [service, name] of [[RunsService, 'runs'], [WorkflowsService, 'workflows'], [AdminService, 'admin']] as const) {
+    for (const [service, name] of [[RunsService, 'runs'], [WorkflowsService, 'workflows'], [AdminService, 'admin'],
+      [LimitsService, 'limits']] as const) {
       const impl: grpc.UntypedServiceImplementation = {};
       for (const method of Object.keys(service)) {
         impl[method] = (call: grpc.ServerUnaryCall<unknown, unknown>, callback: grpc.sendUnaryData<unknown>) => {
