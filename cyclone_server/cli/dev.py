@@ -140,8 +140,10 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, http_listen: 
             log.info("stopping the demo worker")
             proc.terminate()
             try:
-                async with asyncio.timeout(15):  # not wait_for: see cyclone_server/tasks.py
-                    await proc.wait()
+                # wait_for, not asyncio.timeout: this runs in a task cancelled by Ctrl-C, where
+                # asyncio.timeout before Python 3.11.3 raises CancelledError instead of
+                # TimeoutError (CPython gh-102780) and the kill below would be skipped.
+                await asyncio.wait_for(proc.wait(), 15)
             except asyncio.TimeoutError:
                 proc.kill()
                 await proc.wait()

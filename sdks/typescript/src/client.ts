@@ -154,8 +154,8 @@ function jobRequest(job: Job, where = ''): EnqueueRequest {
  * HOST:PORT: connection refused"); `waitForServerMs` waits that long instead. Once it has
  * answered, a call made while the server is unreachable waits for it, up to `rpcTimeoutMs`
  * (then DEADLINE_EXCEEDED), so that a server restart does not break a client. A call that
- * was on its way when the server went away is made again if that is harmless (reads, and
- * registering a workflow); any other fails with UNAVAILABLE, since it may have been applied
+ * was on its way when the server went away is made again if that is harmless (reads,
+ * registering a workflow, setting a limit whole); any other fails with UNAVAILABLE, since it may have been applied
  * (give `enqueue` and `submit` an idempotency key to make them safe to repeat).
  *
  *   const client = new Client('127.0.0.1:7233');
