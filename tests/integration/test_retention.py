@@ -222,3 +222,43 @@ async def test_racing_purges_delete_each_tree_once_and_leave_no_rows_behind(engi
     assert await run_ids(conn) == set()
     assert await fetch_one(conn, "SELECT (SELECT count(*) FROM cyclone_steps) + (SELECT count(*) FROM cyclone_step_deps)"
                                  " + (SELECT count(*) FROM cyclone_signals) AS n") == {"n": 0}
+
+
+async def test_purges_take_turns(engine: Engine, conn, db_url: str) -> None:
+    """A purge waits for another one's transaction to end: two at once could reach one tree from
+    two of its runs (a child run whose parent waits longer sits between) and deadlock."""
+    import psycopg
+    top = await start(engine, [task("a")])
+    await engine.cancel_run(top)
+    await age(conn, top, 10 * DAY)
+    async with await psycopg.AsyncConnection.connect(db_url) as other:
+        await other.execute("SELECT cyclone_runs_purge(interval '30 days', 10)")  # holds its turn
+        waiting = asyncio.create_task(engine.purge(DAY))
+
+        async def one_waits() -> bool:
+            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                        "AND wait_event_type = 'Lock'")
+            return row["n"] == 1
+        await eventually(one_waits)
+        assert not waiting.done()
+        await other.commit()
+    assert await waiting == 1
+    assert await run_ids(conn) == set()
+
+
+async def test_racing_purges_reach_trees_with_a_younger_run_between(engine: Engine, conn) -> None:
+    """Trees of a completed run, its child run kept a year (its nodes' retention) and that one's
+    child run: the top and the grandchild are eligible, the middle is not. Eight purges race;
+    each tree goes with its top (the grandchild with it or before it), none fails on a
+    deadlock, and nothing is left without its run."""
+    await engine.register_workflow("cleaf", [task("x"), task("y", "x")])
+    await engine.register_workflow("cmid", [task("m", retention=365 * DAY),
+                                            task("kid2", "m", type="child", workflow="cleaf")])
+    trees = [await completed_tree(engine, conn) for _ in range(12)]
+    counts = await asyncio.gather(*(engine.purge(DAY, limit=2) for _ in range(8)))
+    while (n := await engine.purge(DAY, limit=2)) > 0:
+        counts.append(n)
+    assert 12 <= sum(counts) <= 24  # every top; a grandchild when picked before its top
+    assert await run_ids(conn) == set()
+    assert await violations(conn) == {}
+    assert len(trees) == 12

@@ -20,21 +20,23 @@ $$;
 
 -- Delete at most p_limit of the runs a purge picks (below), oldest finished first, each
 -- with its child runs to any depth and the steps, edges and signals of all of them; returns
--- how many it picked (their child runs not counted). Runs another transaction holds locked (another
--- purge, a Retry) are left to the next call (SKIP LOCKED). Without JIT: the estimate of a
--- large batch's search passes jit_optimize_above_cost, and compiling it took half of a
--- 20,000-run batch.
+-- how many it picked (their child runs not counted). Runs another transaction holds locked
+-- (a Retry) are left to the next call (SKIP LOCKED). Without JIT: the estimate of a large
+-- batch's search passes jit_optimize_above_cost, and compiling it took half of a 20,000-run
+-- batch.
 DROP FUNCTION IF EXISTS cyclone_runs_purge(interval, integer);
 CREATE OR REPLACE FUNCTION cyclone_runs_purge(p_age interval, p_limit integer, p_sweep boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     n bigint;
 BEGIN
+    -- Purges take turns (each call is short): two at once could pick runs of one tree, one
+    -- locking its top and deleting down to a run the other picked, while the other deletes
+    -- down to one the first picked (a child run whose parent waits longer sits between).
+    PERFORM pg_advisory_xact_lock(hashtextextended('cyclone.purge', 0));
     -- A terminal run is eligible when it is old enough and, if a child run, its parent has
     -- completed. The purge picks the eligible runs whose parent is not eligible itself: a
-    -- run's child runs go with it (migration 0012's trigger deletes them and their rows), and
-    -- two purges never pick runs of one tree, one locking the top and waiting for a child run
-    -- the other holds while that one waits for a grandchild the first holds.
+    -- run's child runs go with it (migration 0012's trigger deletes them and their rows).
     WITH victims AS (
         SELECT r.id FROM cyclone_runs r
          WHERE r.state IN ('completed', 'failed', 'cancelled')

@@ -21,16 +21,23 @@ ALTER TABLE cyclone_step_deps DROP CONSTRAINT IF EXISTS cyclone_step_deps_run_id
 ALTER TABLE cyclone_signals DROP CONSTRAINT IF EXISTS cyclone_signals_run_id_fkey;
 ALTER TABLE cyclone_runs DROP CONSTRAINT IF EXISTS cyclone_runs_parent_run_id_fkey;
 
+-- Each delete probes an index on run_id (parent_run_id) for the ids the statement deleted,
+-- whatever their number: the plans are kept by the connection from the first firing, and a
+-- join planned for that one's rows (a hash join over the whole steps table after a purge of
+-- thousands of runs) would be used for every later firing, of a few.
 CREATE FUNCTION cyclone__runs_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    ids uuid[];
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM gone) THEN  -- (a statement fires it with no row too)
+    ids := ARRAY(SELECT d.id FROM gone d);
+    IF cardinality(ids) = 0 THEN  -- (a statement fires it with no row too)
         RETURN NULL;
     END IF;
-    DELETE FROM cyclone_signals g USING gone d WHERE g.run_id = d.id;
-    DELETE FROM cyclone_step_deps e USING gone d WHERE e.run_id = d.id;
-    DELETE FROM cyclone_steps s USING gone d WHERE s.run_id = d.id;
-    DELETE FROM cyclone_runs c USING gone d WHERE c.parent_run_id = d.id;
+    DELETE FROM cyclone_signals WHERE run_id = ANY (ids);
+    DELETE FROM cyclone_step_deps WHERE run_id = ANY (ids);
+    DELETE FROM cyclone_steps WHERE run_id = ANY (ids);
+    DELETE FROM cyclone_runs WHERE parent_run_id = ANY (ids);
     RETURN NULL;
 END $$;
 
