@@ -789,6 +789,43 @@ async def test_a_new_runs_keys_of_runs_are_locked_before_its_steps_keys(engine: 
         await other.close()
     assert [(await engine.get_run(run_id))["state"] for run_id, _ in made] == ["running", "running"]
 
+
+async def test_enqueue_many_locks_its_jobs_strategy_keys_in_one_order(engine: Engine, conn, db_url: str) -> None:
+    """Jobs under two limits with strategies arrive job by job; an EnqueueMany locks all their
+    keys first, sorted. Batch y ([c, Y], [d, Z]) waits for Y, held by a blocker, then batch x
+    ([a, Z], [b, Y]) does too: x has not locked Z before Y, so both go through once Y is
+    released (job by job, x held Z and y then waited for it while x waited for Y)."""
+    import psycopg
+    await engine.set_limit(limit("t1", max_running=10, strategy="cancel_newest", kinds=["k"], key_path="a"))
+    await engine.set_limit(limit("t2", max_running=10, strategy="cancel_newest", kinds=["k"], key_path="b"))
+    other = await Engine.open(db_url, min_size=1, max_size=2)
+    try:
+        async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+            await blocker.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('t2', 'Y') "
+                                  "ON CONFLICT DO NOTHING")
+            await blocker.commit()
+            await blocker.execute("SELECT 1 FROM cyclone_limit_keys WHERE limit_name = 't2' AND key = 'Y' FOR UPDATE")
+            y = asyncio.create_task(engine.enqueue_many([Job("k", input={"a": "c", "b": "Y"}),
+                                                         Job("k", input={"a": "d", "b": "Z"})]))
+            await eventually(lambda: lock_waits_are(conn, 1))
+            x = asyncio.create_task(other.enqueue_many([Job("k", input={"a": "a", "b": "Z"}),
+                                                        Job("k", input={"a": "b", "b": "Y"})]))
+            await eventually(lambda: lock_waits_are(conn, 2))
+            await blocker.rollback()
+        made = [*await y, *await x]
+    finally:
+        await other.close()
+    assert [(await engine.get_run(run_id))["state"] for run_id, _, _ in made] == ["running"] * 4
+
+
+async def test_the_one_argument_arrivals_lock_survives_an_earlier_release_applying_its_own(conn) -> None:
+    """A server of the previous release that restarts during an upgrade applies its function
+    files again, cyclone__arrivals_lock(uuid[]) among them: the one-argument calls (promotions
+    in a results batch) must still find one function, not two candidates."""
+    await conn.execute("CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[]) RETURNS void "
+                       "LANGUAGE plpgsql AS $$ BEGIN END $$")
+    await conn.execute("SELECT cyclone__arrivals_lock(ARRAY[gen_random_uuid(), gen_random_uuid()])")
+
 async def test_two_batches_promoting_keys_in_other_orders_never_deadlock(engine: Engine, conn,
                                                                          db_url: str) -> None:
     """Batch 1 makes the go steps of tenants a then b available, batch 2 those of b then a (by

@@ -174,8 +174,16 @@ END $$;
 -- each set sorted (cyclone__limits_arrive takes a run's keys before its steps'). Entered one
 -- by one, each step would take its clock, then its key, then the next step's clock: a clock
 -- after a key, against an EnqueueMany that holds the clock and waits for the key.
-DROP FUNCTION IF EXISTS cyclone__arrivals_lock(uuid[]);
-CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[], p_run_tokens text[] DEFAULT NULL) RETURNS void
+-- (Two functions, not one with a default: a server of an earlier release that applies its
+-- own one-argument version again, at a restart during an upgrade, replaces it and leaves no
+-- two candidates for a one-argument call.)
+CREATE OR REPLACE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone__arrivals_lock(p_step_ids, NULL::text[]);
+END $$;
+DROP FUNCTION IF EXISTS cyclone__arrivals_lock(uuid[], text[]);  -- (a version with a default)
+CREATE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[], p_run_tokens text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     t text;

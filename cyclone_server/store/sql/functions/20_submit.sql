@@ -248,8 +248,13 @@ BEGIN
             idxs := NULL;  -- rolled back: the loop below finds the job and names it
         END;
         IF idxs IS NOT NULL THEN
-            -- The limits' strategies, job by job in array order (they may cancel these jobs).
+            -- The limits' strategies, job by job in array order (they may cancel these jobs),
+            -- their keys locked all first, in one order: job by job, two calls with keys in
+            -- other orders would deadlock.
             IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
+                IF cardinality(step_ids) > 1 THEN
+                    PERFORM cyclone__arrivals_lock(step_ids);
+                END IF;
                 PERFORM cyclone__limits_arrive(u.r, ARRAY[u.s], step_ids[u.n + 1:])
                    FROM unnest(idxs, run_ids, step_ids) WITH ORDINALITY AS u (i, r, s, n) ORDER BY u.n;
             END IF;
