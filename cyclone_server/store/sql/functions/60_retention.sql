@@ -37,17 +37,19 @@ BEGIN
     -- A terminal run is eligible when it is old enough and, if a child run, its parent has
     -- completed. The purge picks the eligible runs whose parent is not eligible itself: a
     -- run's child runs go with it (migration 0012's trigger deletes them and their rows).
+    -- The parents are read by scalar subqueries, one index probe per child run: an EXISTS
+    -- may be planned as a hash of every completed run, built at each call.
     WITH victims AS (
         SELECT r.id FROM cyclone_runs r
          WHERE r.state IN ('completed', 'failed', 'cancelled')
            AND cyclone__purge_due(r.finished_at, r.retention, p_age, p_sweep)
            AND (r.parent_run_id IS NULL
-                OR EXISTS (SELECT 1 FROM cyclone_runs p
-                            WHERE p.id = r.parent_run_id AND p.state = 'completed'
-                              AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, p_sweep)
-                                       AND (p.parent_run_id IS NULL
-                                            OR EXISTS (SELECT 1 FROM cyclone_runs g
-                                                        WHERE g.id = p.parent_run_id AND g.state = 'completed')))))
+                OR COALESCE((SELECT p.state = 'completed'
+                                    AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, p_sweep)
+                                             AND (p.parent_run_id IS NULL
+                                                  OR COALESCE((SELECT g.state FROM cyclone_runs g
+                                                                WHERE g.id = p.parent_run_id) = 'completed', false)))
+                               FROM cyclone_runs p WHERE p.id = r.parent_run_id), false))
          ORDER BY r.finished_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -65,10 +67,10 @@ RETURNS bigint LANGUAGE sql STABLE AS $$
      WHERE r.state IN ('completed', 'failed', 'cancelled')
        AND cyclone__purge_due(r.finished_at, r.retention, p_age, false)
        AND (r.parent_run_id IS NULL
-            OR EXISTS (SELECT 1 FROM cyclone_runs p
-                        WHERE p.id = r.parent_run_id AND p.state = 'completed'
-                          AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, false)
-                                   AND (p.parent_run_id IS NULL
-                                        OR EXISTS (SELECT 1 FROM cyclone_runs g
-                                                    WHERE g.id = p.parent_run_id AND g.state = 'completed')))))
+            OR COALESCE((SELECT p.state = 'completed'
+                                AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, false)
+                                         AND (p.parent_run_id IS NULL
+                                              OR COALESCE((SELECT g.state FROM cyclone_runs g
+                                                            WHERE g.id = p.parent_run_id) = 'completed', false)))
+                           FROM cyclone_runs p WHERE p.id = r.parent_run_id), false))
 $$;
