@@ -36,7 +36,7 @@ export function limitUses(uses: readonly LimitUse[] | undefined, where: string):
         throw new TypeError(`${at}.${field}: ${JSON.stringify(u[field])} is not a string`);
       }
     }
-    if (u.key !== undefined && u.keyPath !== undefined) throw new TypeError(`${at}: key and keyPath both given; at most one`);
+    if (u.key && u.keyPath) throw new TypeError(`${at}: key and keyPath both given; at most one`);
     return { limit: u.limit, key: u.key ?? '', keyPath: u.keyPath ?? '' };
   });
 }
@@ -125,6 +125,12 @@ function word<T>(value: string | undefined, words: Record<string, T>, what: stri
 /** @internal The Limit message of a LimitSpec; a TypeError names the field the SDK cannot send. The server checks the rest. */
 export function limitMessage(spec: LimitSpec): LimitMsg {
   if (typeof spec !== 'object' || spec === null) throw new TypeError(`limit: ${JSON.stringify(spec)} is not a LimitSpec`);
+  if (typeof spec.name !== 'string') throw new TypeError(`limit.name: ${JSON.stringify(spec.name)} is not a string`);
+  for (const field of ['key', 'keyPath'] as const) {
+    if (spec[field] !== undefined && typeof spec[field] !== 'string') {
+      throw new TypeError(`limit.${field}: ${JSON.stringify(spec[field])} is not a string`);
+    }
+  }
   for (const field of ['kinds', 'workflows'] as const) {
     const names = spec[field];
     if (names !== undefined && (!Array.isArray(names) || names.some((n) => typeof n !== 'string'))) {

@@ -250,6 +250,9 @@ describe('Client', () => {
     await assert.rejects(client.setLimit({ name: 'x', strategy: 'drop' as 'queue' }),
       { name: 'TypeError', message: 'limit.strategy: "drop" is not one of queue, cancel_newest, cancel_oldest, keep_newest' });
     await assert.rejects(client.setLimit({ name: 'x', maxRunning: 1.5 }), { name: 'TypeError', message: 'limit.maxRunning: 1.5 is not a 32-bit integer' });
+    await assert.rejects(client.setLimit({ name: 7 } as unknown as { name: string }), { name: 'TypeError', message: 'limit.name: 7 is not a string' });
+    // An empty key is no key: the key path is the one given.
+    new Workflow('ok').task('a', { limits: [{ limit: 'x', key: '', keyPath: 'tenant' }] });
     server.unary.listLimits = () => ({ limits: [{ name: 'a', maxRunning: 0, rate: 10, period: { seconds: 60, nanos: 0 }, strategy: 0, scope: 2, kinds: [], workflows: ['w'], key: '', keyPath: '', weights: {}, keys: [] }] });
     const [a] = await client.listLimits();
     assert.deepEqual([a.name, a.maxRunning, a.rate, a.periodMs, a.scope, a.workflows], ['a', undefined, 10, 60_000, 'runs', ['w']]);

@@ -485,7 +485,8 @@ BEGIN
     -- before the insert places them one by one in node order (cyclone__fair_place), and the
     -- keys of the run's and their strategies before they arrive (cyclone__arrivals_lock); a
     -- submit with the keys the other way round would deadlock with this one. (A child run
-    -- made in the same transaction, below, takes its own clocks after these.)
+    -- made in the same transaction, below, takes its own clocks and keys after these: a
+    -- submit of its workflow alone, racing this one on the same keys, can still deadlock.)
     IF limited AND jsonb_array_length(p_nodes) > 1 THEN
         SELECT array_agg(n ->> 'kind'), array_agg(x.tokens[1]) INTO root_kinds, root_tokens
           FROM jsonb_array_elements(p_nodes) n
