@@ -756,6 +756,15 @@ async def lock_waits_are(conn, n: int) -> bool:
 
 
 
+
+async def hold_key(blocker, limit_name: str, key: str) -> None:
+    """Lock a limit key's row (made and committed first) in the blocker's open transaction."""
+    await blocker.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                          (limit_name, key))
+    await blocker.commit()
+    await blocker.execute("SELECT 1 FROM cyclone_limit_keys WHERE limit_name = %s AND key = %s FOR UPDATE",
+                          (limit_name, key))
+
 async def test_a_new_runs_keys_of_runs_are_locked_before_its_steps_keys(engine: Engine, conn, db_url: str) -> None:
     """A run's arrival takes the keys of its limits of runs, then those of its steps' limits
     (cyclone__limits_arrive). A run with two root steps locks its keys first
@@ -775,10 +784,7 @@ async def test_a_new_runs_keys_of_runs_are_locked_before_its_steps_keys(engine: 
     other = await Engine.open(db_url, min_size=1, max_size=2)
     try:
         async with await psycopg.AsyncConnection.connect(db_url) as blocker:
-            await blocker.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('runs', 'all') "
-                                  "ON CONFLICT DO NOTHING")
-            await blocker.commit()
-            await blocker.execute("SELECT 1 FROM cyclone_limit_keys WHERE limit_name = 'runs' AND key = 'all' FOR UPDATE")
+            await hold_key(blocker, "runs", "all")
             first = asyncio.create_task(engine.submit_run("one", input={"a": "s1"}))
             await eventually(lambda: lock_waits_are(conn, 1))
             second = asyncio.create_task(other.submit_run("two", input={"a": "s1", "b": "s2"}))
@@ -801,10 +807,7 @@ async def test_enqueue_many_locks_its_jobs_strategy_keys_in_one_order(engine: En
     other = await Engine.open(db_url, min_size=1, max_size=2)
     try:
         async with await psycopg.AsyncConnection.connect(db_url) as blocker:
-            await blocker.execute("INSERT INTO cyclone_limit_keys (limit_name, key) VALUES ('t2', 'Y') "
-                                  "ON CONFLICT DO NOTHING")
-            await blocker.commit()
-            await blocker.execute("SELECT 1 FROM cyclone_limit_keys WHERE limit_name = 't2' AND key = 'Y' FOR UPDATE")
+            await hold_key(blocker, "t2", "Y")
             y = asyncio.create_task(engine.enqueue_many([Job("k", input={"a": "c", "b": "Y"}),
                                                          Job("k", input={"a": "d", "b": "Z"})]))
             await eventually(lambda: lock_waits_are(conn, 1))
