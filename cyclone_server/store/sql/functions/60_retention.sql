@@ -18,6 +18,20 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                                                ELSE greatest(p_age, COALESCE(p_retention, p_age)) END, false)
 $$;
 
+-- Whether a child run of p_parent may be picked on its own: its parent has completed (until
+-- then, a retry of the parent's node could reuse it) and is not eligible itself (its
+-- child runs go with it). The parents are read by scalar subqueries, an index probe each:
+-- an EXISTS may be planned as a hash of every completed run, built at each call.
+CREATE OR REPLACE FUNCTION cyclone__purge_alone(p_parent uuid, p_age interval, p_sweep boolean)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT p.state = 'completed'
+                            AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, p_sweep)
+                                     AND (p.parent_run_id IS NULL
+                                          OR COALESCE((SELECT g.state FROM cyclone_runs g
+                                                        WHERE g.id = p.parent_run_id) = 'completed', false)))
+                       FROM cyclone_runs p WHERE p.id = p_parent), false)
+$$;
+
 -- Delete at most p_limit of the runs a purge picks (below), oldest finished first, each
 -- with its child runs to any depth and the steps, edges and signals of all of them; returns
 -- how many it picked (their child runs not counted). Runs another transaction holds locked
@@ -37,19 +51,11 @@ BEGIN
     -- A terminal run is eligible when it is old enough and, if a child run, its parent has
     -- completed. The purge picks the eligible runs whose parent is not eligible itself: a
     -- run's child runs go with it (migration 0012's trigger deletes them and their rows).
-    -- The parents are read by scalar subqueries, one index probe per child run: an EXISTS
-    -- may be planned as a hash of every completed run, built at each call.
     WITH victims AS (
         SELECT r.id FROM cyclone_runs r
          WHERE r.state IN ('completed', 'failed', 'cancelled')
            AND cyclone__purge_due(r.finished_at, r.retention, p_age, p_sweep)
-           AND (r.parent_run_id IS NULL
-                OR COALESCE((SELECT p.state = 'completed'
-                                    AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, p_sweep)
-                                             AND (p.parent_run_id IS NULL
-                                                  OR COALESCE((SELECT g.state FROM cyclone_runs g
-                                                                WHERE g.id = p.parent_run_id) = 'completed', false)))
-                               FROM cyclone_runs p WHERE p.id = r.parent_run_id), false))
+           AND (r.parent_run_id IS NULL OR cyclone__purge_alone(r.parent_run_id, p_age, p_sweep))
          ORDER BY r.finished_at
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED
@@ -60,17 +66,11 @@ BEGIN
 END $$;
 
 -- How many runs PurgeTerminalRuns with this p_age would pick now, all calls together (its
--- dry run): cyclone_runs_purge's predicate without p_sweep, kept next to it.
+-- dry run): cyclone_runs_purge's predicate without p_sweep.
 CREATE OR REPLACE FUNCTION cyclone_runs_purge_count(p_age interval)
 RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM cyclone_runs r
      WHERE r.state IN ('completed', 'failed', 'cancelled')
        AND cyclone__purge_due(r.finished_at, r.retention, p_age, false)
-       AND (r.parent_run_id IS NULL
-            OR COALESCE((SELECT p.state = 'completed'
-                                AND NOT (cyclone__purge_due(p.finished_at, p.retention, p_age, false)
-                                         AND (p.parent_run_id IS NULL
-                                              OR COALESCE((SELECT g.state FROM cyclone_runs g
-                                                            WHERE g.id = p.parent_run_id) = 'completed', false)))
-                           FROM cyclone_runs p WHERE p.id = r.parent_run_id), false))
+       AND (r.parent_run_id IS NULL OR cyclone__purge_alone(r.parent_run_id, p_age, false))
 $$;
