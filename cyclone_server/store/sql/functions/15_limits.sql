@@ -194,17 +194,15 @@ BEGIN
         ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s
                WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id));
     IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
-        FOR t IN SELECT DISTINCT x.t FROM unnest(p_run_tokens) AS x (t)
-                  WHERE EXISTS (SELECT 1 FROM cyclone_limits l
-                                 WHERE l.name = cyclone__token_limit(x.t) AND l.strategy <> 'queue' AND l.scope = 'runs')
-                  ORDER BY x.t LOOP
-            PERFORM cyclone__limit_key_lock(cyclone__token_limit(t), cyclone__token_key(t));
-        END LOOP;
-        FOR t IN SELECT DISTINCT x.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS x (t)
-                  WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL
-                    AND EXISTS (SELECT 1 FROM cyclone_limits l
-                                 WHERE l.name = cyclone__token_limit(x.t) AND l.strategy <> 'queue' AND l.scope = 'steps')
-                  ORDER BY x.t LOOP
+        -- The run's tokens of limits of runs, then the steps' tokens of limits of steps.
+        FOR t IN SELECT x.t
+                   FROM (SELECT 'runs' AS scope, u.t FROM unnest(p_run_tokens) AS u (t)
+                         UNION
+                         SELECT 'steps', u.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS u (t)
+                          WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL) x
+                   JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t) AND l.scope = x.scope
+                  WHERE l.strategy <> 'queue'
+                  ORDER BY x.scope, x.t LOOP
             PERFORM cyclone__limit_key_lock(cyclone__token_limit(t), cyclone__token_key(t));
         END LOOP;
     END IF;
