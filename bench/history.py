@@ -112,12 +112,11 @@ def purge_day(url: str, day: int, delay: float = 0.0) -> dict[str, float]:
         return {"start": start, "end": time.time(), "deleted": deleted}
 
 
-def finished_between(url: str, t0: float, start: float, end: float) -> int:
-    """Runs of the drain that went at t0 finished in [start, end) (epoch seconds)."""
+def finished_between(url: str, start: float, end: float) -> int:
+    """Runs finished in [start, end) (epoch seconds): a drain's, when after its go."""
     with psycopg.connect(url, autocommit=True) as c:
         return c.execute(f"SELECT {MARK} count(*) FROM cyclone_runs WHERE finished_at >= to_timestamp(%s) "
-                         "AND finished_at >= to_timestamp(%s) AND finished_at < to_timestamp(%s)",
-                         (t0, start, end)).fetchone()[0]
+                         "AND finished_at < to_timestamp(%s)", (start, end)).fetchone()[0]
 
 
 def purge_round(pg, db: str, day: int, jobs: int, timeout: float, workdir: Path) -> dict[str, float]:
@@ -125,7 +124,7 @@ def purge_round(pg, db: str, day: int, jobs: int, timeout: float, workdir: Path)
     (from 1 s after the go), the day loaded again, the purge of it alone, the day loaded again.
     The drains' rates are compared over the same seconds after their go: those of the purge."""
     url = pg.url(db)
-    reload = f"(SELECT min(finished_at) FROM cyclone_runs) - interval '1 s 1 ms'"
+    reload = "(SELECT min(finished_at) FROM cyclone_runs) - interval '1 s 1 ms'"
     enqueue(url, jobs)
     settle(url)
     alone = drain_first(pg, db, jobs, timeout, workdir)
@@ -139,8 +138,8 @@ def purge_round(pg, db: str, day: int, jobs: int, timeout: float, workdir: Path)
     a, b = p["start"] - mixed["t0"], min(p["end"] - mixed["t0"], mixed["seconds"], alone["seconds"])
     if b - a < 1:
         raise SystemExit(f"the drains ended {b - a:.1f} s into the purge: raise --purge-jobs")
-    rate_alone = finished_between(url, alone["t0"], alone["t0"] + a, alone["t0"] + b) / (b - a)
-    rate_mixed = finished_between(url, mixed["t0"], mixed["t0"] + a, mixed["t0"] + b) / (b - a)
+    rate_alone = finished_between(url, alone["t0"] + a, alone["t0"] + b) / (b - a)
+    rate_mixed = finished_between(url, mixed["t0"] + a, mixed["t0"] + b) / (b - a)
     load_history(url, day, reload)
     idle = purge_day(url, day)
     load_history(url, day, reload)
