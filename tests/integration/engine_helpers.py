@@ -183,6 +183,16 @@ async def eventually(check: Callable[[], Awaitable[bool]], *, timeout: float = 2
         await asyncio.sleep(0.02)
 
 
+async def lock_waits(conn: psycopg.AsyncConnection) -> int:
+    """How many sessions of this database wait for a lock now."""
+    row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND wait_event_type = 'Lock'")
+    return row["n"]
+
+
+async def lock_waits_are(conn: psycopg.AsyncConnection, n: int) -> bool:
+    return await lock_waits(conn) == n
+
 async def sweep_until_run(engine: Engine, conn: psycopg.AsyncConnection, run_id: str, state: str) -> Row:
     """Run the sweep and wait scanners until the run is in `state`; returns the run row."""
     async def done() -> bool:

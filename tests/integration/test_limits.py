@@ -12,8 +12,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from engine_helpers import (eventually, expire_lease, fetch, fetch_one, make_due, nested_plans, plan_nodes, start, task,
-                            violations, wide_nodes)
+from engine_helpers import (eventually, expire_lease, fetch, fetch_one, lock_waits_are, make_due, nested_plans, plan_nodes,
+                            start, task, violations, wide_nodes)
 
 from cyclone_server import definitions, limit_spec
 from cyclone_server.errors import InvalidArgument, NotFound
@@ -720,12 +720,6 @@ async def test_steps_promoted_in_one_batch_arrive_in_order(engine: Engine, strat
     assert states == ["running" if i == left else "cancelled" for i in range(2)]
 
 
-async def lock_waits(conn) -> int:
-    row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                                "AND wait_event_type = 'Lock'")
-    return row["n"]
-
-
 async def test_a_promotion_across_kinds_and_an_enqueue_take_clocks_and_keys_in_one_order(engine: Engine, conn,
                                                                                           db_url: str) -> None:
     """pre's completion makes a (kind k1) and b (k2) available, one key of a keep_newest limit on
@@ -749,10 +743,6 @@ async def test_a_promotion_across_kinds_and_an_enqueue_take_clocks_and_keys_in_o
         await blocker.rollback()
     assert await completing == "applied"
     await enqueuing
-
-
-async def lock_waits_are(conn, n: int) -> bool:
-    return await lock_waits(conn) == n
 
 
 

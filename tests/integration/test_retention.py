@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_helpers import claim_one, eventually, fetch, fetch_one, finish, start, step, task, violations
+from engine_helpers import (claim_one, eventually, fetch, fetch_one, finish, lock_waits_are, start, step, task,
+                            violations)
 
 from cyclone_server.store.engine import Engine
 
@@ -234,12 +235,7 @@ async def test_purges_take_turns(engine: Engine, conn, db_url: str) -> None:
     async with await psycopg.AsyncConnection.connect(db_url) as other:
         await other.execute("SELECT cyclone_runs_purge(interval '30 days', 10)")  # holds its turn
         waiting = asyncio.create_task(engine.purge(DAY))
-
-        async def one_waits() -> bool:
-            row = await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                                        "AND wait_event_type = 'Lock'")
-            return row["n"] == 1
-        await eventually(one_waits)
+        await eventually(lambda: lock_waits_are(conn, 1))
         assert not waiting.done()
         await other.commit()
     assert await waiting == 1
