@@ -31,14 +31,19 @@ export function limitUses(uses: readonly LimitUse[] | undefined, where: string):
       if (!['limit', 'key', 'keyPath'].includes(field)) throw new TypeError(`${at}: unknown field ${JSON.stringify(field)}`);
     }
     if (typeof u.limit !== 'string' || u.limit === '') throw new TypeError(`${at}.limit: ${JSON.stringify(u.limit)} is not a limit's name`);
-    for (const field of ['key', 'keyPath'] as const) {
-      if (u[field] !== undefined && typeof u[field] !== 'string') {
-        throw new TypeError(`${at}.${field}: ${JSON.stringify(u[field])} is not a string`);
-      }
-    }
+    keyFields(u, at);
     if (u.key && u.keyPath) throw new TypeError(`${at}: key and keyPath both given; at most one`);
     return { limit: u.limit, key: u.key ?? '', keyPath: u.keyPath ?? '' };
   });
+}
+
+/** A use's or a limit's `key` and `keyPath`: strings when given, else a TypeError naming the field after `at`. */
+function keyFields(x: { key?: unknown; keyPath?: unknown }, at: string): void {
+  for (const field of ['key', 'keyPath'] as const) {
+    if (x[field] !== undefined && typeof x[field] !== 'string') {
+      throw new TypeError(`${at}.${field}: ${JSON.stringify(x[field])} is not a string`);
+    }
+  }
 }
 
 /** @internal A LimitUse message as the SDK's LimitUse (its empty fields left out). */
@@ -126,11 +131,7 @@ function word<T>(value: string | undefined, words: Record<string, T>, what: stri
 export function limitMessage(spec: LimitSpec): LimitMsg {
   if (typeof spec !== 'object' || spec === null) throw new TypeError(`limit: ${JSON.stringify(spec)} is not a LimitSpec`);
   if (typeof spec.name !== 'string') throw new TypeError(`limit.name: ${JSON.stringify(spec.name)} is not a string`);
-  for (const field of ['key', 'keyPath'] as const) {
-    if (spec[field] !== undefined && typeof spec[field] !== 'string') {
-      throw new TypeError(`limit.${field}: ${JSON.stringify(spec[field])} is not a string`);
-    }
-  }
+  keyFields(spec, 'limit');
   for (const field of ['kinds', 'workflows'] as const) {
     const names = spec[field];
     if (names !== undefined && (!Array.isArray(names) || names.some((n) => typeof n !== 'string'))) {
@@ -149,6 +150,7 @@ export function limitMessage(spec: LimitSpec): LimitMsg {
   };
 }
 
+// UNSPECIFIED (0) is the server's default: queue, steps.
 function nameOf<T>(words: Record<string, T>, value: T, fallback: string): string {
   return Object.keys(words).find((k) => words[k] === value) ?? fallback;
 }
