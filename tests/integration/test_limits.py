@@ -178,6 +178,26 @@ async def test_next_due_walks_the_keys_when_a_rate_holds_the_window(engine: Engi
     assert 50.0 < await engine.next_due(["k"]) <= 60.05
 
 
+async def test_a_claim_reads_one_chunk_of_a_backlog_its_rate_holds(engine: Engine, conn) -> None:
+    """A rate's backlog is claimed for every time a start comes due (100 times a second for a
+    rate of 100 per second, by every server): once the first chunk of the window shows one key
+    out of starts, the claim reads no more of its backlog, and still takes another key's step
+    behind it."""
+    await engine.set_limit(limit("api", rate=1, period=60.0, kinds=["k"], key_path="tenant"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(1000)], priority=-1)
+    assert tenants_of(await claim(engine, "k", 5)) == ["big"]
+    await jobs(engine, "k", [{"tenant": "small"}])
+    await conn.execute("ANALYZE cyclone_steps")
+    plans = await nested_plans(conn, "SELECT input FROM cyclone_steps_claim('w', ARRAY['k'], 64, '30 s')",
+                               analyze=True)
+    read = sum(n["Actual Rows"] * n["Actual Loops"] for _, plan in plans for n in plan_nodes(plan)
+               if n["Node Type"].startswith("Index") and n.get("Relation Name") == "cyclone_steps")
+    assert read <= 2 * (64 + 16), read  # the first chunk (the claim's size + 16), not the window (4 x + 64)
+    claimed = await fetch(conn, "SELECT r.input ->> 'tenant' AS t FROM cyclone_steps s JOIN cyclone_runs r "
+                                "ON r.id = s.run_id WHERE s.state = 'running' ORDER BY 1")
+    assert [r["t"] for r in claimed] == ["big", "small"]
+
+
 async def test_a_raised_rate_applies_at_the_next_claim(engine: Engine) -> None:
     """1 start per hour, one taken; SetLimit raises it to 100 per second: the key's pace at the
     old rate no longer holds it (its bucket starts full; the window still counts the start)."""

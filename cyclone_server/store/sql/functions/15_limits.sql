@@ -428,10 +428,12 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone__limits_heads(p_kinds text[], p_skip text[], p_limit integer)
 RETURNS TABLE (id uuid, run_id uuid, limit_keys text[], priority integer, fair_at double precision,
                scheduled_at timestamptz)
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 AS $$
-    WITH RECURSIVE walk (kind, tok) AS (
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY WITH RECURSIVE walk (kind, tok) AS (
         SELECT k.kind, (SELECT s.limit_keys[1] FROM cyclone_steps s
                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
                            AND s.kind = k.kind
@@ -454,8 +456,8 @@ AS $$
       LEFT JOIN cyclone_fair_clocks v ON v.kind = w.kind
      WHERE w.tok IS NOT NULL AND NOT w.tok = ANY (p_skip)
      ORDER BY h.priority, h.fair_at - COALESCE(v.vt, 0.0), h.id
-     LIMIT p_limit
-$$;
+     LIMIT p_limit;
+END $$;
 
 
 -- The limited steps of these kinds that a claim of up to p_limit steps may take now, in
@@ -736,6 +738,15 @@ BEGIN
         END LOOP;
         lo := hi + 1;
         chunk := chunk * 2;
+        -- Every key met so far holds its steps (locked by another claim, or a limit of steps
+        -- out of slots or starts) and the window read so far is their backlogs (two steps or
+        -- more a key): the rest of the window most likely is too. A rate's backlog is looked
+        -- at every time a start comes due: the heads of the other keys are what is left to
+        -- take, without reading and judging the rest of the window.
+        EXIT WHEN lo > array_length(c_ids, 1) AND cardinality(tk) * 2 <= array_length(c_ids, 1)
+              AND NOT EXISTS (SELECT 1 FROM unnest(tk_scope, tk_locked, tk_slots, tk_rate) AS u (scope, locked, slots, rate)
+                               WHERE u.locked AND (u.scope IS DISTINCT FROM 'steps'
+                                                   OR (COALESCE(u.slots, 1) > 0 AND COALESCE(u.rate, 1) > 0)));
     END LOOP;
     -- The window was all judged and did not fill the claim, and there are more due steps than
     -- it held: the head step of every other key, in the fair order (cyclone__limits_heads).
@@ -849,22 +860,24 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT cyclone__rate_window(p_limit.period) / p_lim
 -- Starts left now for a key (in a claim, under the key's lock).
 CREATE OR REPLACE FUNCTION cyclone__rate_left(p_limit cyclone_limits, p_key text, p_clock timestamptz)
 RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT least(
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT least(
         p_limit.rate - (SELECT count(*) FROM cyclone_limit_starts d
                          WHERE d.limit_name = p_limit.name AND d.key = p_key
                            AND d.at > p_clock - cyclone__rate_window(p_limit.period)),
         cyclone__rate_burst(p_limit.rate) - COALESCE((
             SELECT ceil(extract(epoch FROM k.paced - p_clock) / extract(epoch FROM cyclone__rate_pace(p_limit)))
               FROM cyclone_limit_keys k
-             WHERE k.limit_name = p_limit.name AND k.key = p_key AND k.paced > p_clock), 0))::integer
-$$;
+             WHERE k.limit_name = p_limit.name AND k.key = p_key AND k.paced > p_clock), 0))::integer);
+END $$;
 
 -- Seconds until a key has a start left (0: now): when the oldest start of a full window leaves
 -- it, and when the bucket holds a start again, whichever is later.
 CREATE OR REPLACE FUNCTION cyclone__rate_due(p_limit cyclone_limits, p_key text) RETURNS double precision
-LANGUAGE sql STABLE AS $$
-    SELECT greatest(
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT greatest(
                CASE WHEN count(d.at) < p_limit.rate THEN 0.0
                     ELSE extract(epoch FROM min(d.at) + w.span - w.now)::float8 END,
                COALESCE(extract(epoch FROM (SELECT k.paced FROM cyclone_limit_keys k
@@ -877,8 +890,8 @@ LANGUAGE sql STABLE AS $$
         SELECT s.at FROM cyclone_limit_starts s
          WHERE s.limit_name = p_limit.name AND s.key = p_key AND s.at > w.now - w.span
          ORDER BY s.at DESC LIMIT p_limit.rate) d ON true
-     GROUP BY w.span, w.now
-$$;
+     GROUP BY w.span, w.now);
+END $$;
 
 -- The earliest time (seconds from now) at which one of these available limited steps may be
 -- claimable, NULL if none is without a slot freeing first. A look without locks: a key with a
@@ -887,10 +900,11 @@ $$;
 -- when all its keys are; a key of a limit of runs does not hold a step whose run holds its
 -- slot already (as in cyclone__limits_pick).
 CREATE OR REPLACE FUNCTION cyclone__limits_due(p_ids uuid[]) RETURNS double precision
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 AS $$
-    WITH c AS (
+BEGIN
+    RETURN (WITH c AS (
         SELECT s.id, s.limit_keys,
                (SELECT r.limit_admitted FROM cyclone_runs r WHERE r.id = s.run_id) AS admitted
           FROM cyclone_steps s WHERE s.id = ANY (p_ids)
@@ -915,8 +929,8 @@ AS $$
               FROM (SELECT c.id, CASE WHEN st.scope = 'runs' AND c.admitted THEN 0.0 ELSE st.due END AS due
                       FROM c CROSS JOIN unnest(c.limit_keys) AS u (tok) JOIN state st ON st.t = u.tok) d
              GROUP BY d.id) m
-     WHERE NOT m.never
-$$;
+     WHERE NOT m.never);
+END $$;
 
 -- Seconds until a limited step of these kinds may be claimable (NULL: none without a slot
 -- freeing first, which wakes the dispatchers; 0 or less: now, if a claim can lock its
