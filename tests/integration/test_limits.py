@@ -9,6 +9,7 @@ import json
 import random
 import re
 from collections import Counter, defaultdict
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -685,6 +686,33 @@ async def test_cancel_oldest_cancels_the_oldest_running_or_waiting_to_make_room(
     assert (await engine.get_run(r1))["state"] == "cancelled"  # its handler learns it at its next renewal
     assert await engine.complete(str(lease["step_id"]), lease["lease_generation"], None) != "applied"
     assert [x["input"] for x in await claim(engine, "k", 5)] == ["new"]
+    assert await violations(conn) == {}
+
+
+async def test_a_claim_placing_a_due_step_never_deadlocks_with_the_keep_newest_arrival_cancelling_it(
+        engine: Engine, conn, db_url: str) -> None:
+    """A scheduled step of a keep_newest key comes due: a claim locks its row to place it in the
+    fair order, which takes its key's fair clock. A new job of the key holds that clock (its
+    arrival) and cancels the older waiting step. The claim leaves the step to a later claim
+    rather than wait for the clock while it holds the step (a deadlock, one of the two
+    UNAVAILABLE): the new job arrives, the old one is cancelled, and the new one is claimed."""
+    import psycopg
+    await engine.set_limit(limit("d", max_running=1, strategy="keep_newest", kinds=["k"], key_path="doc"))
+    [(old_run, _, _)] = await engine.enqueue_many([Job("k", input={"doc": "x", "v": 0}, scheduled_at=datetime.now(timezone.utc) + timedelta(minutes=1))])
+    await make_due(conn, old_run)
+    node = json.dumps(definitions.normalize_job("k", {}))
+    async with await psycopg.AsyncConnection.connect(db_url) as arrival:
+        await arrival.execute("SELECT cyclone__fair_keys_lock(ARRAY['k'], ARRAY['d' || chr(31) || 'x'])")
+        claiming = asyncio.create_task(claim(engine, "k", 5))
+        async def claim_done_or_waiting() -> bool:
+            return claiming.done() or await lock_waits_are(conn, 1)
+        await eventually(claim_done_or_waiting)
+        await arrival.execute("SELECT * FROM cyclone_jobs_enqueue(jsonb_build_array(jsonb_build_object("
+                              "'node', %s::jsonb, 'input', '{\"doc\": \"x\", \"v\": 1}'::jsonb)))", (node,))
+        await arrival.commit()
+        assert await asyncio.wait_for(claiming, 30) == []
+    assert (await engine.get_run(old_run))["state"] == "cancelled"
+    assert [x["input"] for x in await claim(engine, "k", 5)] == [{"doc": "x", "v": 1}]
     assert await violations(conn) == {}
 
 

@@ -539,19 +539,37 @@ DECLARE
     ok boolean;
     clock timestamptz;
     due uuid[];
+    clock_kinds text[];          -- the due steps' fair clocks this claim holds
+    clock_tokens text[];
 BEGIN
     -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at),
-    -- their keys' clocks locked first in token order (cyclone__fair_keys_lock).
+    -- placed under their keys' fair clocks. The clocks are taken without waiting: this claim
+    -- holds the steps' rows, and a transaction holding a clock (an arrival of the key) may be
+    -- about to cancel one of them (keep_newest): a step whose clock another transaction holds,
+    -- or is making, is left for a later claim. Clocks not made yet are made as keys are below
+    -- (a short lock_timeout, in a subtransaction).
     due := ARRAY(SELECT x.id FROM cyclone_steps x
                   WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
                     AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
                   ORDER BY x.scheduled_at LIMIT 1000
                     FOR UPDATE SKIP LOCKED);
     IF cardinality(due) > 0 THEN
-        PERFORM cyclone__fair_keys_lock(ARRAY(SELECT s.kind FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY s.id),
-                                        ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY s.id));
+        BEGIN
+            PERFORM set_config('lock_timeout', '20ms', true);
+            INSERT INTO cyclone_fair_keys (kind, token, vclock)
+            SELECT DISTINCT s.kind, s.limit_keys[1], 0.0 FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY 1, 2
+            ON CONFLICT (kind, token) DO NOTHING;
+            PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the subtransaction's rows and setting are undone; their steps wait
+        END;
+        SELECT array_agg(f.kind), array_agg(f.token) INTO clock_kinds, clock_tokens
+          FROM (SELECT f.kind, f.token FROM cyclone_fair_keys f
+                 WHERE (f.kind, f.token) IN (SELECT s.kind, s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due))
+                   FOR UPDATE OF f SKIP LOCKED) f;
         UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
-         WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text);
+         WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text)
+           AND (s.kind, s.limit_keys[1]) IN (SELECT * FROM unnest(clock_kinds, clock_tokens));
     END IF;
 
     -- The window: the first cap due steps of the fair order, read a chunk at a time as the
