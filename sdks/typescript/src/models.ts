@@ -62,6 +62,13 @@ export interface Step {
   reason: string;
   cancelCause: string;
   childRunId: string;
+  /**
+   * An available step a limit holds back: which limit and key, and why, e.g.
+   * "limit tenants key acme: 5/5 running"; "" otherwise.
+   */
+  heldBy: string;
+  /** The limits the step consumes, as "<limit>=<key>", in the order they apply. */
+  limits: string[];
   deps: string[];
   errors: StepError[];
   scheduledAt: Date | undefined;
@@ -133,7 +140,8 @@ function stepFromProto(s: StepMsg): Step {
     state: enumWord(StepState, s.state, 'STEP_STATE_') as StepStateName, attempt: s.attempt, maxAttempts: s.maxAttempts,
     reclaims: s.reclaims, maxReclaims: s.maxReclaims, snoozes: s.snoozes, priority: s.priority,
     leaseGeneration: s.leaseGeneration, leaseOwner: s.leaseOwner, output: s.output ?? null, errorKind: s.errorKind,
-    reason: s.reason, cancelCause: s.cancelCause, childRunId: s.childRunId, deps: s.deps,
+    reason: s.reason, cancelCause: s.cancelCause, childRunId: s.childRunId, heldBy: s.heldBy, limits: s.limits,
+    deps: s.deps,
     errors: s.errors.map((e) => ({
       attempt: e.attempt, errorKind: e.errorKind, message: e.message, at: e.at, reason: e.reason, details: e.details,
     })),

@@ -129,12 +129,15 @@ describe('Client', () => {
     server.unary.getRun = () => runMsg({
       state: RunState.RUN_STATE_FAILED,
       steps: [stepMsg('a', StepState.STEP_STATE_COMPLETED, { output: { n: 1 } }),
-        stepMsg('b', StepState.STEP_STATE_WAITING_SIGNAL), stepMsg('c', 42 as StepState)],
+        stepMsg('b', StepState.STEP_STATE_WAITING_SIGNAL), stepMsg('c', 42 as StepState),
+        stepMsg('d', StepState.STEP_STATE_AVAILABLE, { heldBy: 'limit tenants key acme: 1/1 running', limits: ['tenants=acme'] })],
     });
     const run = await client.get('run-1');
     assert.ok(run instanceof Run);
     assert.deepEqual([run.state, run.terminal, run.input], ['failed', true, { day: 1 }]);
-    assert.deepEqual(run.steps.map((s) => s.state), ['completed', 'waiting_signal', 'unknown_42']);
+    assert.deepEqual(run.steps.map((s) => s.state), ['completed', 'waiting_signal', 'unknown_42', 'available']);
+    assert.deepEqual([run.step('d').heldBy, run.step('d').limits], ['limit tenants key acme: 1/1 running', ['tenants=acme']]);
+    assert.deepEqual([run.step('a').heldBy, run.step('a').limits], ['', []]);
     assert.deepEqual(run.step('a').output, { n: 1 });
     assert.equal(run.step('b').output, null);
     assert.throws(() => run.step('z'), /has no node "z"/);
