@@ -181,22 +181,50 @@ async def test_next_due_walks_the_keys_when_a_rate_holds_the_window(engine: Engi
 
 async def test_a_claim_reads_one_chunk_of_a_backlog_its_rate_holds(engine: Engine, conn) -> None:
     """A rate's backlog is claimed for every time a start comes due (100 times a second for a
-    rate of 100 per second, by every server): once the first chunk of the window shows one key
-    out of starts, the claim reads no more of its backlog, and still takes another key's step
-    behind it."""
+    rate of 100 per second, by every server): when the first chunk of the window is one key
+    out of starts and no other key has a waiting step, the claim reads no more of its
+    backlog. Another key's step, once there, is taken as before."""
     await engine.set_limit(limit("api", rate=1, period=60.0, kinds=["k"], key_path="tenant"))
     await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(1000)], priority=-1)
     assert tenants_of(await claim(engine, "k", 5)) == ["big"]
-    await jobs(engine, "k", [{"tenant": "small"}])
     await conn.execute("ANALYZE cyclone_steps")
     plans = await nested_plans(conn, "SELECT input FROM cyclone_steps_claim('w', ARRAY['k'], 64, '30 s')",
                                analyze=True)
     read = sum(n["Actual Rows"] * n["Actual Loops"] for _, plan in plans for n in plan_nodes(plan)
                if n["Node Type"].startswith("Index") and n.get("Relation Name") == "cyclone_steps")
     assert read <= 2 * (64 + 16), read  # the first chunk (the claim's size + 16), not the window (4 x + 64)
-    claimed = await fetch(conn, "SELECT r.input ->> 'tenant' AS t FROM cyclone_steps s JOIN cyclone_runs r "
-                                "ON r.id = s.run_id WHERE s.state = 'running' ORDER BY 1")
-    assert [r["t"] for r in claimed] == ["big", "small"]
+    await jobs(engine, "k", [{"tenant": "small"}])
+    assert tenants_of(await claim(engine, "k", 64)) == ["small"]
+
+
+def fair_use(key: str) -> dict[str, Any]:
+    return {"limits": [{"limit": "fair", "key": key}]}
+
+
+async def test_behind_a_held_backlog_a_claim_fills_with_the_next_keys_steps_in_priority_order(engine: Engine) -> None:
+    """A key held by its rate has a backlog at the highest priority; behind it, keys of an
+    ordering limit: hi (10 steps, priority -1) and lo (100, priority 0). One claim of 64 takes
+    every hi step before any lo step, and fills itself from lo's: a claim that gave up on the
+    held backlog after its first chunk would take one step per key (hi's first, then lo's)."""
+    await engine.set_limit(limit("api", rate=1, period=60.0))
+    await engine.set_limit(limit("fair"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(100)], priority=-2,
+               limits=[{"limit": "api", "key": "big"}])
+    assert tenants_of(await claim(engine, "k", 5)) == ["big"]
+    await jobs(engine, "k", [{"tenant": "hi", "n": i} for i in range(10)], priority=-1, **fair_use("hi"))
+    await jobs(engine, "k", [{"tenant": "lo", "n": i} for i in range(100)], **fair_use("lo"))
+    assert tenants_of(await claim(engine, "k", 64)) == ["hi"] * 10 + ["lo"] * 54
+
+
+async def test_steps_whose_first_limit_was_deleted_are_free_behind_a_held_backlog(engine: Engine) -> None:
+    await engine.set_limit(limit("api", rate=1, period=60.0))
+    await engine.set_limit(limit("old"))
+    await jobs(engine, "k", [{"tenant": "big", "n": i} for i in range(30)], priority=-1,
+               limits=[{"limit": "api", "key": "big"}])
+    assert len(await claim(engine, "k", 1)) == 1
+    await jobs(engine, "k", [{"tenant": "d", "n": i} for i in range(100)], limits=[{"limit": "old", "key": "d"}])
+    await engine.delete_limit("old")
+    assert tenants_of(await claim(engine, "k", 20)) == ["d"] * 20
 
 
 async def test_a_raised_rate_applies_at_the_next_claim(engine: Engine) -> None:
@@ -691,11 +719,11 @@ async def test_cancel_oldest_cancels_the_oldest_running_or_waiting_to_make_room(
 
 async def test_a_claim_placing_a_due_step_never_deadlocks_with_the_keep_newest_arrival_cancelling_it(
         engine: Engine, conn, db_url: str) -> None:
-    """A scheduled step of a keep_newest key comes due: a claim locks its row to place it in the
-    fair order, which takes its key's fair clock. A new job of the key holds that clock (its
-    arrival) and cancels the older waiting step. The claim leaves the step to a later claim
-    rather than wait for the clock while it holds the step (a deadlock, one of the two
-    UNAVAILABLE): the new job arrives, the old one is cancelled, and the new one is claimed."""
+    """A scheduled step of a keep_newest key comes due: a claim places it in the fair order under
+    its key's fair clock. A new job of the key holds that clock (its arrival) and cancels the
+    older waiting step. The claim waits for the clock before it locks the step (locking the
+    step first, it deadlocked with the arrival, one of the two UNAVAILABLE): the new job
+    arrives, the old one is cancelled, and the new one is claimed."""
     import psycopg
     await engine.set_limit(limit("d", max_running=1, strategy="keep_newest", kinds=["k"], key_path="doc"))
     [(old_run, _, _)] = await engine.enqueue_many([Job("k", input={"doc": "x", "v": 0}, scheduled_at=datetime.now(timezone.utc) + timedelta(minutes=1))])
@@ -710,9 +738,9 @@ async def test_a_claim_placing_a_due_step_never_deadlocks_with_the_keep_newest_a
         await arrival.execute("SELECT * FROM cyclone_jobs_enqueue(jsonb_build_array(jsonb_build_object("
                               "'node', %s::jsonb, 'input', '{\"doc\": \"x\", \"v\": 1}'::jsonb)))", (node,))
         await arrival.commit()
-        assert await asyncio.wait_for(claiming, 30) == []
+        got = await asyncio.wait_for(claiming, 30)
     assert (await engine.get_run(old_run))["state"] == "cancelled"
-    assert [x["input"] for x in await claim(engine, "k", 5)] == [{"doc": "x", "v": 1}]
+    assert [x["input"] for x in got + await claim(engine, "k", 5)] == [{"doc": "x", "v": 1}]
     assert await violations(conn) == {}
 
 

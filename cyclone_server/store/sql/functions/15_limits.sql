@@ -460,6 +460,36 @@ BEGIN
 END $$;
 
 
+-- Whether a waiting (placed) limited step of these kinds has a first token other than
+-- these: the keys of each kind in order (as cyclone__limits_heads walks them), up to the first
+-- one not among them.
+CREATE OR REPLACE FUNCTION cyclone__limits_other_keys(p_kinds text[], p_tokens text[]) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    k text;
+    t text;
+BEGIN
+    FOREACH k IN ARRAY p_kinds LOOP
+        t := (SELECT s.limit_keys[1] FROM cyclone_steps s
+               WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL AND s.kind = k
+               ORDER BY s.limit_keys[1] LIMIT 1);
+        WHILE t IS NOT NULL LOOP
+            IF NOT t = ANY (p_tokens) THEN
+                RETURN true;
+            END IF;
+            t := (SELECT s.limit_keys[1] FROM cyclone_steps s
+                   WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL AND s.kind = k
+                     AND s.limit_keys[1] > t
+                   ORDER BY s.limit_keys[1] LIMIT 1);
+        END LOOP;
+    END LOOP;
+    RETURN false;
+END $$;
+
 -- The limited steps of these kinds that a claim of up to p_limit steps may take now, in
 -- fair order, with the key of every limit they consume locked until the claim commits
 -- (keys another transaction holds are skipped, never waited for). A step is taken only
@@ -539,37 +569,30 @@ DECLARE
     ok boolean;
     clock timestamptz;
     due uuid[];
-    clock_kinds text[];          -- the due steps' fair clocks this claim holds
-    clock_tokens text[];
+    firsts text[];               -- the first tokens of the window read so far
+    due_kinds text[];            -- the due steps' fair clocks
+    due_tokens text[];
 BEGIN
     -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at),
-    -- placed under their keys' fair clocks. The clocks are taken without waiting: this claim
-    -- holds the steps' rows, and a transaction holding a clock (an arrival of the key) may be
-    -- about to cancel one of them (keep_newest): a step whose clock another transaction holds,
-    -- or is making, is left for a later claim. Clocks not made yet are made as keys are below
-    -- (a short lock_timeout, in a subtransaction).
+    -- placed under their keys' fair clocks. The clocks first, in (kind, token) order
+    -- (cyclone__fair_keys_lock), then the steps: the order of an arrival, which takes its
+    -- key's clock and may then cancel a waiting step of the key (keep_newest). Locking the
+    -- steps first, a claim waited for the clock while holding the step the arrival was
+    -- cancelling. A step another transaction holds meanwhile is left to a later claim.
     due := ARRAY(SELECT x.id FROM cyclone_steps x
                   WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
                     AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
-                  ORDER BY x.scheduled_at LIMIT 1000
-                    FOR UPDATE SKIP LOCKED);
+                  ORDER BY x.scheduled_at LIMIT 1000);
     IF cardinality(due) > 0 THEN
-        BEGIN
-            PERFORM set_config('lock_timeout', '20ms', true);
-            INSERT INTO cyclone_fair_keys (kind, token, vclock)
-            SELECT DISTINCT s.kind, s.limit_keys[1], 0.0 FROM cyclone_steps s WHERE s.id = ANY (due) ORDER BY 1, 2
-            ON CONFLICT (kind, token) DO NOTHING;
-            PERFORM set_config('lock_timeout', saved_lock_timeout, true);
-        EXCEPTION WHEN lock_not_available THEN
-            NULL;  -- the subtransaction's rows and setting are undone; their steps wait
-        END;
-        SELECT array_agg(f.kind), array_agg(f.token) INTO clock_kinds, clock_tokens
-          FROM (SELECT f.kind, f.token FROM cyclone_fair_keys f
-                 WHERE (f.kind, f.token) IN (SELECT s.kind, s.limit_keys[1] FROM cyclone_steps s WHERE s.id = ANY (due))
-                   FOR UPDATE OF f SKIP LOCKED) f;
+        SELECT array_agg(s.kind), array_agg(s.limit_keys[1]) INTO due_kinds, due_tokens
+          FROM cyclone_steps s WHERE s.id = ANY (due);
+        PERFORM cyclone__fair_keys_lock(due_kinds, due_tokens);
+        -- (Only under a clock locked above: a SetLimit since may have given a step other tokens.)
         UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
-         WHERE s.id = ANY (due) AND s.state = (SELECT 'available'::text)
-           AND (s.kind, s.limit_keys[1]) IN (SELECT * FROM unnest(clock_kinds, clock_tokens));
+         WHERE s.id = ANY (ARRAY(SELECT x.id FROM cyclone_steps x
+                                  WHERE x.id = ANY (due) AND x.state = 'available' AND x.fair_at IS NULL
+                                    AND (x.kind, x.limit_keys[1]) IN (SELECT * FROM unnest(due_kinds, due_tokens))
+                                    FOR UPDATE SKIP LOCKED));
     END IF;
 
     -- The window: the first cap due steps of the fair order, read a chunk at a time as the
@@ -756,15 +779,24 @@ BEGIN
         END LOOP;
         lo := hi + 1;
         chunk := chunk * 2;
-        -- Every key met so far holds its steps (locked by another claim, or a limit of steps
-        -- out of slots or starts) and the window read so far is their backlogs (two steps or
-        -- more a key): the rest of the window most likely is too. A rate's backlog is looked
-        -- at every time a start comes due: the heads of the other keys are what is left to
-        -- take, without reading and judging the rest of the window.
-        EXIT WHEN lo > array_length(c_ids, 1) AND cardinality(tk) * 2 <= array_length(c_ids, 1)
-              AND NOT EXISTS (SELECT 1 FROM unnest(tk_scope, tk_locked, tk_slots, tk_rate) AS u (scope, locked, slots, rate)
-                               WHERE u.locked AND (u.scope IS DISTINCT FROM 'steps'
-                                                   OR (COALESCE(u.slots, 1) > 0 AND COALESCE(u.rate, 1) > 0)));
+        -- Every key of the window read so far (a step's first token: its place in the fair
+        -- order) holds its steps: locked by another claim, or a limit of steps out of slots or
+        -- starts. When those few keys' backlogs are the window (two steps or more a key) and no
+        -- other key of these kinds has a waiting step, the rest of the window is their backlogs
+        -- too, held: the claim ends here. A rate's backlog is looked at by every server each
+        -- time a start comes due; without this, each look read and judged the whole window.
+        IF lo > array_length(c_ids, 1) AND NOT whole THEN
+            firsts := ARRAY(SELECT DISTINCT split_part(x.t, chr(30), 1) FROM unnest(c_toks) AS x (t) ORDER BY 1);
+            IF cardinality(firsts) <= 4 AND cardinality(firsts) * 2 <= array_length(c_ids, 1)
+               AND NOT EXISTS (SELECT 1 FROM unnest(firsts) AS f (t) CROSS JOIN LATERAL (SELECT array_position(tk, f.t) AS j) p
+                                WHERE tk_scope[p.j] IS NULL  -- its limit was deleted: not limited
+                                   OR (tk_locked[p.j] AND (tk_scope[p.j] = 'runs'  -- an admitted run's step may pass
+                                       OR (COALESCE(tk_slots[p.j], 1) > 0 AND COALESCE(tk_rate[p.j], 1) > 0))))
+               AND NOT cyclone__limits_other_keys(p_kinds, firsts) THEN
+                whole := true;
+                EXIT;
+            END IF;
+        END IF;
     END LOOP;
     -- The window was all judged and did not fill the claim, and there are more due steps than
     -- it held: the head step of every other key, in the fair order (cyclone__limits_heads).
