@@ -744,6 +744,86 @@ async def test_a_claim_placing_a_due_step_never_deadlocks_with_the_keep_newest_a
     assert await violations(conn) == {}
 
 
+async def test_a_claim_holding_an_unlimited_step_never_waits_for_a_clock_the_arrival_cancelling_its_run_holds(
+        engine: Engine, conn, db_url: str) -> None:
+    """Run R has node k (kind k, a keep_newest key d/x) and node u (kind u, no limits), both
+    waiting; D is a due step of key f/x not yet placed in the fair order. A new job N of keys
+    f/x and d/x arrives: it holds the clock of f/x and cancels R, u included. A claim of k and
+    u locks u's row, then needs f/x's clock to place D: it places due steps first, before it
+    holds any row (it locked u first, and deadlocked with N, one of the two UNAVAILABLE)."""
+    import psycopg
+    await engine.set_limit(limit("f"))
+    await engine.set_limit(limit("d", max_running=1, strategy="keep_newest"))
+    run_r = await start(engine, [task("k", limits=[{"limit": "d", "key": "x"}]), task("u")], input={})
+    [(run_d, _, _)] = await engine.enqueue_many([Job("k", input={"d": 1},
+                                                     scheduled_at=datetime.now(timezone.utc) + timedelta(minutes=1),
+                                                     options={"limits": [{"limit": "f", "key": "x"}]})])
+    await make_due(conn, run_d)
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT cyclone__limit_key_lock('d', 'x')")  # N waits here, holding f/x's clock
+        arrival = asyncio.create_task(engine.enqueue_many([Job("k", input={"new": 1}, options={
+            "limits": [{"limit": "f", "key": "x"}, {"limit": "d", "key": "x"}]})]))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        claiming = asyncio.create_task(engine.claim("w", ["k", "u"], 5, 30))
+        await eventually(lambda: lock_waits_are(conn, 2))
+        await blocker.rollback()
+        await asyncio.wait_for(asyncio.gather(arrival, claiming), 30)
+    assert (await engine.get_run(run_r))["state"] == "cancelled"
+    assert await violations(conn) == {}
+
+
+async def test_clocks_made_and_locked_in_one_order_never_deadlock_with_an_enqueue(engine: Engine, conn,
+                                                                                 db_url: str) -> None:
+    """A claim places due steps of keys a, b (their clocks exist) and c (no clock yet), and waits
+    for a's clock; an EnqueueMany of keys b and c takes their clocks in one sorted pass. The
+    claim takes its clocks in that same order, each made or locked in its turn, so it holds
+    none of b and c yet and the enqueue goes through (the claim made c's clock before locking
+    a and b: the enqueue waited for c, holding b, which the claim then waited for: a deadlock)."""
+    import psycopg
+    await engine.set_limit(limit("f", kinds=["k"], key_path="tenant"))
+    later = datetime.now(timezone.utc) + timedelta(minutes=1)
+    for run_id, _, _ in await engine.enqueue_many([Job("k", input={"tenant": t}, scheduled_at=later) for t in "abc"]):
+        await make_due(conn, run_id)
+    await conn.execute("INSERT INTO cyclone_fair_keys VALUES ('k', 'f' || chr(31) || 'a', 0.0), "
+                       "('k', 'f' || chr(31) || 'b', 0.0)")
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_fair_keys WHERE kind = 'k' AND token = 'f' || chr(31) || 'a' "
+                              "FOR UPDATE")
+        claiming = asyncio.create_task(engine.claim("w", ["k"], 5, 30))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        await asyncio.wait_for(engine.enqueue_many([Job("k", input={"tenant": t}) for t in "bc"]), 10)
+        await blocker.rollback()
+        got = await asyncio.wait_for(claiming, 30)
+    assert sorted(x["input"]["tenant"] for x in got + await claim(engine, "k", 10)) == ["a", "b", "b", "c", "c"]
+
+
+async def test_a_claim_skips_a_picked_step_that_an_arrival_is_cancelling(engine: Engine, conn, db_url: str) -> None:
+    """A new job of keys d/x and e/y (both keep_newest) cancels runs R and R2 (d/x); R's step w
+    (key e/y) waits. The arrival has cancelled R and waits for R2's step (held by a blocker). A
+    claim of w locks e/y and picks w; it leaves w (its row held by the arrival) instead of
+    waiting for it while holding e/y, which the arrival takes next (a deadlock)."""
+    import psycopg
+    await engine.set_limit(limit("d", max_running=5))
+    await engine.set_limit(limit("e", max_running=5))
+    run_r = await start(engine, [task("k", limits=[{"limit": "d", "key": "x"}]),
+                                 task("w", limits=[{"limit": "e", "key": "y"}])], input={})
+    [(run_r2, step_r2, _)] = await engine.enqueue_many([Job("k2", input={}, options={"limits": [{"limit": "d", "key": "x"}]})])
+    assert str(run_r) < str(run_r2)  # cancelled in this order
+    await engine.set_limit(limit("d", max_running=5, strategy="keep_newest"))
+    await engine.set_limit(limit("e", max_running=5, strategy="keep_newest"))
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (step_r2,))
+        arrival = asyncio.create_task(engine.enqueue_many([Job("n", input={"new": 1}, options={
+            "limits": [{"limit": "d", "key": "x"}, {"limit": "e", "key": "y"}]})]))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        got = await asyncio.wait_for(engine.claim("w", ["w"], 5, 30), 30)
+        await blocker.rollback()
+        await asyncio.wait_for(arrival, 30)
+    assert got == []
+    assert (await engine.get_run(run_r))["state"] == "cancelled"
+    assert await violations(conn) == {}
+
+
 async def test_keep_newest_leaves_only_the_newest_waiting(engine: Engine, conn) -> None:
     await engine.set_limit(limit("debounce", max_running=1, strategy="keep_newest", kinds=["k"], key_path="doc"))
     made = await jobs(engine, "k", [{"doc": "d", "v": i} for i in range(4)] + [{"doc": "e", "v": 9}])

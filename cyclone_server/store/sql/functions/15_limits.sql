@@ -159,11 +159,12 @@ DROP FUNCTION IF EXISTS cyclone__fair_keys_lock(text[]);
 CREATE OR REPLACE FUNCTION cyclone__fair_keys_lock(p_kinds text[], p_tokens text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO cyclone_fair_keys (kind, token, vclock)
+    -- One pass in that order, each clock made or locked in its turn (an insert of the missing
+    -- ones first, then a lock of the others, took a new clock before an older one sorted
+    -- before it: against an EnqueueMany, which takes its clocks in one sorted pass, a deadlock).
+    INSERT INTO cyclone_fair_keys AS f (kind, token, vclock)
     SELECT DISTINCT u.k, u.t, 0.0 FROM unnest(p_kinds, p_tokens) AS u (k, t) WHERE u.t IS NOT NULL ORDER BY 1, 2
-    ON CONFLICT (kind, token) DO NOTHING;
-    PERFORM 1 FROM cyclone_fair_keys f JOIN unnest(p_kinds, p_tokens) AS u (k, t) ON f.kind = u.k AND f.token = u.t
-     ORDER BY f.kind, f.token FOR UPDATE OF f;
+    ON CONFLICT (kind, token) DO UPDATE SET vclock = f.vclock;
 END $$;
 
 -- Before limited task steps (p_step_ids) enter available together (a promotion of several,
@@ -209,7 +210,7 @@ BEGIN
 END $$;
 
 -- A limited step entering available (or getting its tokens while available): its place in
--- the fair order if it is due now, else NULL until a claim finds it due (cyclone__limits_pick).
+-- the fair order if it is due now, else NULL until a claim finds it due (cyclone__limits_place_due).
 CREATE OR REPLACE FUNCTION cyclone__fair_place() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -460,6 +461,61 @@ BEGIN
 END $$;
 
 
+-- Due limited steps of these kinds not yet in the fair order (delayed by a backoff, a snooze
+-- or scheduled_at): their places, under their keys' fair clocks; the claim calls this first.
+-- The clocks are taken before the steps, as an arrival takes them: an arrival holds its key's
+-- clock, then may cancel the key's waiting steps (keep_newest) and their runs' other steps.
+-- With p_wait (the transaction holds no rows yet: nothing it holds can be what the holder
+-- of a clock waits for) the claim waits for the clocks, in (kind, token) order. Without it
+-- (a claim in the transaction of an Enqueue, which holds the clocks and keys of its jobs) it
+-- takes only those free now (a missing one made under a short lock_timeout, in a
+-- subtransaction), and the dispatcher's next claim places the others. A step another
+-- transaction holds is left to a later claim.
+CREATE OR REPLACE FUNCTION cyclone__limits_place_due(p_kinds text[], p_wait boolean) RETURNS void
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+DECLARE
+    due uuid[];
+    k text[];
+    t text[];
+    saved_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    due := ARRAY(SELECT x.id FROM cyclone_steps x
+                  WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
+                    AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
+                  ORDER BY x.scheduled_at LIMIT 1000);
+    IF cardinality(due) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(s.kind), array_agg(s.limit_keys[1]) INTO k, t FROM cyclone_steps s WHERE s.id = ANY (due);
+    IF p_wait THEN
+        PERFORM cyclone__fair_keys_lock(k, t);
+    ELSE
+        BEGIN
+            PERFORM set_config('lock_timeout', '20ms', true);
+            INSERT INTO cyclone_fair_keys (kind, token, vclock)
+            SELECT DISTINCT u.k, u.t, 0.0 FROM unnest(k, t) AS u (k, t) WHERE u.t IS NOT NULL ORDER BY 1, 2
+            ON CONFLICT (kind, token) DO NOTHING;
+            PERFORM set_config('lock_timeout', saved_lock_timeout, true);
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- the subtransaction's rows and setting are undone; their steps wait
+        END;
+        SELECT array_agg(f.kind), array_agg(f.token) INTO k, t
+          FROM (SELECT f.kind, f.token FROM cyclone_fair_keys f
+                 WHERE (f.kind, f.token) IN (SELECT * FROM unnest(k, t))
+                   FOR UPDATE OF f SKIP LOCKED) f;
+    END IF;
+    -- (Only under a clock locked above: a SetLimit since may have given a step other tokens.)
+    UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
+     WHERE s.id = ANY (ARRAY(SELECT x.id FROM cyclone_steps x
+                              WHERE x.id = ANY (due) AND x.state = 'available' AND x.fair_at IS NULL
+                                AND (x.kind, x.limit_keys[1]) IN (SELECT * FROM unnest(k, t))
+                                FOR UPDATE SKIP LOCKED));
+END $$;
+
 -- Whether a waiting (placed) limited step of these kinds has a first token other than
 -- these: the keys of each kind in order (as cyclone__limits_heads walks them), up to the first
 -- one not among them.
@@ -568,32 +624,8 @@ DECLARE
     chunk integer := p_limit + 16;  -- the first chunk: about the steps the claim takes
     ok boolean;
     clock timestamptz;
-    due uuid[];
     firsts text[];               -- the first tokens of the window read so far
-    due_kinds text[];            -- the due steps' fair clocks
-    due_tokens text[];
 BEGIN
-    -- Due steps not yet in the fair order (delayed by a backoff, a snooze or scheduled_at),
-    -- placed under their keys' fair clocks. The clocks first, in (kind, token) order
-    -- (cyclone__fair_keys_lock), then the steps: the order of an arrival, which takes its
-    -- key's clock and may then cancel a waiting step of the key (keep_newest). Locking the
-    -- steps first, a claim waited for the clock while holding the step the arrival was
-    -- cancelling. A step another transaction holds meanwhile is left to a later claim.
-    due := ARRAY(SELECT x.id FROM cyclone_steps x
-                  WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
-                    AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
-                  ORDER BY x.scheduled_at LIMIT 1000);
-    IF cardinality(due) > 0 THEN
-        SELECT array_agg(s.kind), array_agg(s.limit_keys[1]) INTO due_kinds, due_tokens
-          FROM cyclone_steps s WHERE s.id = ANY (due);
-        PERFORM cyclone__fair_keys_lock(due_kinds, due_tokens);
-        -- (Only under a clock locked above: a SetLimit since may have given a step other tokens.)
-        UPDATE cyclone_steps s SET fair_at = cyclone__fair_at(s.limit_keys[1], s.kind)
-         WHERE s.id = ANY (ARRAY(SELECT x.id FROM cyclone_steps x
-                                  WHERE x.id = ANY (due) AND x.state = 'available' AND x.fair_at IS NULL
-                                    AND (x.kind, x.limit_keys[1]) IN (SELECT * FROM unnest(due_kinds, due_tokens))
-                                    FOR UPDATE SKIP LOCKED));
-    END IF;
 
     -- The window: the first cap due steps of the fair order, read a chunk at a time as the
     -- chunks are judged (a claim that fills from its first chunk reads no more), each read

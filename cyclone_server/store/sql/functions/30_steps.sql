@@ -50,7 +50,11 @@ DECLARE
     ids uuid[];
     limited uuid[];
     judged text[];
+    picked uuid[];
 BEGIN
+    -- Due limited steps not yet placed in the fair order, first: this may wait for their
+    -- clocks, which it must not do holding rows (cyclone__limits_place_due).
+    PERFORM cyclone__limits_place_due(p_kinds, pg_current_xact_id_if_assigned() IS NULL);
     -- Per kind, so each kind's scan walks the index in order; the outer ORDER BY merges
     -- them. Rows locked here and not claimed are released at commit.
     ids := ARRAY(
@@ -72,10 +76,16 @@ BEGIN
     -- reads when there are limited steps: the fair order's first entries, often dead).
     SELECT COALESCE(array_agg(p.id), '{}'), COALESCE(array_agg(p.tokens), '{}') INTO limited, judged
       FROM cyclone__limits_pick(p_kinds, p_limit) AS p;
+    IF cardinality(limited) > 0 THEN
+        -- The picked steps' rows without waiting: a step that an arrival is cancelling (its
+        -- key's strategy) is held by it, and the arrival may then wait for a key this claim
+        -- holds. Such a step is left out.
+        picked := ARRAY(SELECT x.id FROM cyclone_steps x WHERE x.id = ANY (limited) FOR UPDATE SKIP LOCKED);
+    END IF;
     IF cardinality(ids) = 0 THEN
-        ids := limited;  -- at most p_limit; the UPDATE below takes them in any order
-    ELSIF cardinality(limited) > 0 THEN
-        ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || limited)
+        ids := COALESCE(picked, '{}');  -- at most p_limit; the UPDATE below takes them in any order
+    ELSIF cardinality(picked) > 0 THEN
+        ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked)
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
 
