@@ -229,12 +229,14 @@ async def test_steps_whose_first_limit_was_deleted_are_free_behind_a_held_backlo
 
 async def test_a_raised_rate_applies_at_the_next_claim(engine: Engine) -> None:
     """1 start per hour, one taken; SetLimit raises it to 100 per second: the key's pace at the
-    old rate no longer holds it (its bucket starts full; the window still counts the start)."""
+    old rate no longer holds it (its bucket starts anew, with one start; the window still
+    counts the first), and the next start comes a pace later."""
     await engine.set_limit(limit("r", rate=1, period=3600.0, kinds=["k"]))
     await jobs(engine, "k", list(range(5)))
     assert len(await claim(engine, "k", 5)) == 1
     await engine.set_limit(limit("r", rate=100, period=1.0, kinds=["k"]))
-    assert len(await claim(engine, "k", 5)) == 4
+    assert len(await claim(engine, "k", 5)) == 1
+    assert 0.0 < await engine.next_due(["k"]) <= 1.01 / 100
 
 
 async def test_a_limit_created_while_a_claim_is_in_flight_is_not_overrun(engine: Engine, conn, db_url: str) -> None:
@@ -507,12 +509,13 @@ async def test_a_node_consumes_the_limits_it_names_under_keys_from_the_input(eng
 
 
 async def test_a_rate_paces_its_starts_and_says_when_the_next_is_due(engine: Engine, conn) -> None:
-    """20 starts per 10 s: a burst of at most 2, then a start every 1/20 of the window
-    (cyclone__rate_left), whatever the claims ask; next_due says when the next is allowed."""
+    """20 starts per 10 s: one start (a new key's bucket), then a start every 1/20 of the window,
+    at most 2 at once for a claim that comes late (cyclone__rate_left), whatever the claims
+    ask; next_due says when the next is allowed."""
     await engine.set_limit(limit("rps", rate=20, period=10.0, kinds=["call"]))
     await jobs(engine, "call", list(range(30)))
     first = await claim(engine, "call", 10)
-    assert [x["input"] for x in first] == [0, 1]
+    assert [x["input"] for x in first] == [0]
     for lease in first:  # finishing does not give starts back: the window does
         await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
     assert await claim(engine, "call", 10) == []
@@ -521,7 +524,7 @@ async def test_a_rate_paces_its_starts_and_says_when_the_next_is_due(engine: Eng
     assert due is not None and 0.0 < due <= pace
     waiting = await fetch_one(conn, "SELECT run_id FROM cyclone_steps WHERE state = 'available' ORDER BY id LIMIT 1")
     held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
-    assert held_by.startswith('limit rps key "": 2/20 starts per 10 s, paced at one per 0.503 s, the next in 0.'), held_by
+    assert held_by.startswith('limit rps key "": 1/20 starts per 10 s, paced at one per 0.503 s, the next in 0.'), held_by
     got = [x["input"] for x in first]
     while len(got) < 5:
         await asyncio.sleep(max(await engine.next_due(["call"]), 0.0) + 0.005)  # when the database says
@@ -536,11 +539,13 @@ async def test_a_rate_paces_its_starts_and_says_when_the_next_is_due(engine: Eng
 
 
 async def test_a_rate_holds_its_quota_in_the_window(engine: Engine, conn) -> None:
-    """2 starts per second (the burst is the whole quota): the third waits for the first to
-    leave the window, and GetRun says so."""
+    """2 starts per second: the first, the second a pace later (half the window), then the third
+    waits for the first to leave the window, and GetRun says so."""
     await engine.set_limit(limit("rps", rate=2, period=1.0, kinds=["call"]))
     await jobs(engine, "call", list(range(5)))
-    assert [x["input"] for x in await claim(engine, "call", 10)] == [0, 1]
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [0]
+    await asyncio.sleep(await engine.next_due(["call"]) + 0.005)
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [1]
     assert await claim(engine, "call", 10) == []
     due = await engine.next_due(["call"])
     assert due is not None and 0.0 < due <= 1.01
@@ -548,7 +553,7 @@ async def test_a_rate_holds_its_quota_in_the_window(engine: Engine, conn) -> Non
     held_by = (await engine.get_run(str(waiting["run_id"])))["steps"][0]["held_by"]
     assert re.fullmatch(r'limit rps key "": 2/2 starts per 1 s, the next in \d\.\d s', held_by), held_by
     await asyncio.sleep(due + 0.005)
-    assert [x["input"] for x in await claim(engine, "call", 10)] == [2, 3]  # the first two left together
+    assert [x["input"] for x in await claim(engine, "call", 10)] == [2]  # the first left
 
 
 async def test_a_claim_records_starts_only_for_the_steps_it_took(engine: Engine, conn) -> None:
@@ -621,7 +626,8 @@ async def test_a_limit_of_runs_with_a_rate_counts_each_admission_once(engine: En
         await engine.submit_run("wf", input={"i": i})
     assert len(await claim(engine, "k", 1)) == 1
     assert (await fetch_one(conn, "SELECT count(*) AS n FROM cyclone_limit_starts"))["n"] == 1
-    assert len(await claim(engine, "k", 10)) == 1  # the quota's second start, not none
+    await conn.execute("UPDATE cyclone_limit_keys SET paced = now()")  # the pace's 6 s passed: a full bucket
+    assert len(await claim(engine, "k", 10)) == 2  # the bucket's 2 starts, not one fewer for the run admitted
 
 
 async def shuffled_batches(db_url: str, rounds: int, per_tenant: int, seed: int) -> None:
@@ -1342,6 +1348,7 @@ async def test_tidy_removes_the_rows_of_idle_keys_and_keeps_those_in_use(engine:
         for lease in await claim(engine, "k", 50):
             await engine.complete(str(lease["step_id"]), lease["lease_generation"], None)
     await jobs(engine, "paced", list(range(3)))
+    await conn.execute("INSERT INTO cyclone_limit_keys (limit_name, key, paced) VALUES ('r', 'all', now())")  # a full bucket
     assert len(await claim(engine, "paced", 3)) == 3  # paced's virtual time is 2
     await conn.execute("INSERT INTO cyclone_limit_starts (limit_name, key, at) VALUES ('r', 'all', now() - interval '1 hour')")
     await conn.execute("UPDATE cyclone_limit_keys SET paced = now() + interval '1 hour' WHERE limit_name = 'r'")

@@ -912,7 +912,10 @@ BEGIN
               JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope
             RETURNING limit_name, key)
         -- The keys' pace (cyclone__rate_left): their rows are locked by this claim (cyclone__limits_pick).
-        UPDATE cyclone_limit_keys k SET paced = greatest(k.paced, clock) + g.n * cyclone__rate_pace(l)
+        UPDATE cyclone_limit_keys k
+           SET paced = CASE WHEN k.paced IS NULL  -- a new bucket held one start (cyclone__rate_left)
+                            THEN clock + (cyclone__rate_burst(l.rate) - 1) * cyclone__rate_pace(l)
+                            ELSE greatest(k.paced, clock) END + g.n * cyclone__rate_pace(l)
           FROM (SELECT st.limit_name, st.key, count(*) AS n FROM started st GROUP BY st.limit_name, st.key) g
           JOIN cyclone_limits l ON l.name = g.limit_name
          WHERE k.limit_name = g.limit_name AND k.key = g.key;
@@ -928,7 +931,10 @@ END $$;
 -- A rate's starts are spread over its window. Besides at most `rate` in any window, a key's
 -- starts keep a pace of one per window / rate, with a burst of at most a twentieth of the
 -- rate (rounded up, at least 2): a bucket of that many starts refilled at the rate
--- (cyclone_limit_keys.paced is when it is full again). Bursts, even of a tenth of the quota,
+-- (cyclone_limit_keys.paced is when it is full again). A new bucket (a key's new row, or one
+-- SetLimit reset: paced NULL) holds one start: a key's first claims are the slowest to reach
+-- their workers (plans made, streams opened), and a first burst delivered late lands beside
+-- the next window's starts. Bursts, even of a tenth of the quota,
 -- claimed a window apart reach the workers tens of milliseconds apart under load, and so can
 -- land more than the quota in one window of the workers' clocks; starts one by one, a pace
 -- apart, cannot bunch by more than the delivery's jitter. The dispatchers wake for each start
@@ -949,9 +955,11 @@ BEGIN
                          WHERE d.limit_name = p_limit.name AND d.key = p_key
                            AND d.at > p_clock - cyclone__rate_window(p_limit.period)),
         cyclone__rate_burst(p_limit.rate) - COALESCE((
-            SELECT ceil(extract(epoch FROM k.paced - p_clock) / extract(epoch FROM cyclone__rate_pace(p_limit)))
+            SELECT CASE WHEN k.paced IS NULL THEN cyclone__rate_burst(p_limit.rate) - 1  -- a new bucket: one start
+                        ELSE greatest(ceil(extract(epoch FROM k.paced - p_clock)
+                                           / extract(epoch FROM cyclone__rate_pace(p_limit))), 0) END
               FROM cyclone_limit_keys k
-             WHERE k.limit_name = p_limit.name AND k.key = p_key AND k.paced > p_clock), 0))::integer);
+             WHERE k.limit_name = p_limit.name AND k.key = p_key), 0))::integer);
 END $$;
 
 -- Seconds until a key has a start left (0: now): when the oldest start of a full window leaves
@@ -1131,8 +1139,8 @@ BEGIN
     RETURNING (xmax = 0), x.* INTO created, l.name, l.max_running, l.rate, l.period, l.strategy, l.scope,
               l.kinds, l.workflows, l.key_path, l.key_const, l.weights, l.created_at, l.updated_at;
 
-    -- The keys' pace was kept at the old rate: their buckets start full at the new one (the
-    -- window still holds the quota). Before the backfill, so that this waits for claims
+    -- The keys' pace was kept at the old rate: their buckets start anew at the new one, with one
+    -- start (cyclone__rate_left; the window still holds the quota). Before the backfill, so that this waits for claims
     -- holding the keys before it locks any step.
     UPDATE cyclone_limit_keys k SET paced = NULL WHERE k.limit_name = l.name AND k.paced IS NOT NULL;
     IF l.scope = 'steps' AND cardinality(l.kinds) > 0 THEN
