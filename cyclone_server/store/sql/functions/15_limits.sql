@@ -530,17 +530,16 @@ DECLARE
     t text;
 BEGIN
     FOREACH k IN ARRAY p_kinds LOOP
-        t := (SELECT s.limit_keys[1] FROM cyclone_steps s
-               WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL AND s.kind = k
-               ORDER BY s.limit_keys[1] LIMIT 1);
-        WHILE t IS NOT NULL LOOP
-            IF NOT t = ANY (p_tokens) THEN
-                RETURN true;
-            END IF;
+        t := '';  -- before every token (none is empty)
+        LOOP
             t := (SELECT s.limit_keys[1] FROM cyclone_steps s
                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL AND s.kind = k
                      AND s.limit_keys[1] > t
                    ORDER BY s.limit_keys[1] LIMIT 1);
+            EXIT WHEN t IS NULL;
+            IF NOT t = ANY (p_tokens) THEN
+                RETURN true;
+            END IF;
         END LOOP;
     END LOOP;
     RETURN false;
