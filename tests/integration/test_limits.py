@@ -830,6 +830,58 @@ async def test_a_claim_skips_a_picked_step_that_an_arrival_is_cancelling(engine:
     assert await violations(conn) == {}
 
 
+async def test_a_claim_skips_a_step_whose_run_a_cancel_holds_before_admitting_it(engine: Engine, conn,
+                                                                                  db_url: str) -> None:
+    """Run R of a workflow under a limit of runs (not admitted yet) has steps k (key d/x,
+    keep_newest) and w. A new job of d/x cancels R: it holds R, and waits for k's row (a
+    blocker holds it). A claim of w would admit R when w starts: it leaves w out rather than
+    wait for R while it holds w, which the cancel reaches next (a deadlock)."""
+    import psycopg
+    await engine.set_limit(limit("rl", scope="runs", workflows=["wf"], max_running=5))
+    await engine.set_limit(limit("d", max_running=5))
+    run_r = await start(engine, [task("k", limits=[{"limit": "d", "key": "x"}]), task("w")], input={})
+    step_k = (await fetch_one(conn, "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'k'", run_r))["id"]
+    await engine.set_limit(limit("d", max_running=5, strategy="keep_newest"))
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (step_k,))
+        arrival = asyncio.create_task(engine.enqueue_many([Job("n", input={"new": 1}, options={
+            "limits": [{"limit": "d", "key": "x"}]})]))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        got = await asyncio.wait_for(engine.claim("w", ["w"], 5, 30), 30)
+        await blocker.rollback()
+        await asyncio.wait_for(arrival, 30)
+    assert got == []
+    assert (await engine.get_run(run_r))["state"] == "cancelled"
+    assert await violations(conn) == {}
+
+
+async def test_set_limit_places_the_steps_it_backfills_in_clock_order_beside_a_claim(engine: Engine, conn,
+                                                                                      db_url: str) -> None:
+    """Due steps of tenants b, a and a2 (limit m, not yet placed, in that order in the table); a
+    claim placing them waits for a2's clock (a blocker holds it) after taking a's. SetLimit of
+    another limit of their kind gives the steps its token, which places them: it takes their
+    clocks first, in order, so it waits for a behind the claim (placing b first, row by row, it
+    held b's clock, which the claim wanted next: a deadlock, SetLimit UNAVAILABLE)."""
+    import psycopg
+    await engine.set_limit(limit("m", kinds=["k"], key_path="tenant"))
+    later = datetime.now(timezone.utc) + timedelta(minutes=1)
+    for run_id, _, _ in await engine.enqueue_many([Job("k", input={"tenant": t}, scheduled_at=later)
+                                                   for t in ["b", "a", "a2"]]):
+        await make_due(conn, run_id)
+    await conn.execute("INSERT INTO cyclone_fair_keys VALUES ('k', 'm' || chr(31) || 'a2', 0.0)")
+    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
+        await blocker.execute("SELECT 1 FROM cyclone_fair_keys WHERE kind = 'k' AND token = 'm' || chr(31) || 'a2' "
+                              "FOR UPDATE")
+        claiming = asyncio.create_task(engine.claim("w", ["k"], 5, 30))
+        await eventually(lambda: lock_waits_are(conn, 1))
+        setting = asyncio.create_task(engine.set_limit(limit("l", kinds=["k"], max_running=9)))
+        await eventually(lambda: lock_waits_are(conn, 2))
+        await blocker.rollback()
+        got, _ = await asyncio.wait_for(asyncio.gather(claiming, setting), 30)
+    assert sorted(x["input"]["tenant"] for x in got + await claim(engine, "k", 5)) == ["a", "a2", "b"]
+    assert await violations(conn) == {}
+
+
 async def test_keep_newest_leaves_only_the_newest_waiting(engine: Engine, conn) -> None:
     await engine.set_limit(limit("debounce", max_running=1, strategy="keep_newest", kinds=["k"], key_path="doc"))
     made = await jobs(engine, "k", [{"doc": "d", "v": i} for i in range(4)] + [{"doc": "e", "v": 9}])

@@ -1110,11 +1110,22 @@ END $$;
 -- the active runs of the workflows it names, and their steps (a run with a step claimed
 -- already holds its slot). A queued step whose input lacks key_path takes the key "".
 -- Returns whether the limit was created.
+-- The key of limit p_limit for a run of input p_input, as SetLimit's backfill gives it: the
+-- scalar at its key_path (cut to 256 characters; "" when there is none), else its key.
+CREATE OR REPLACE FUNCTION cyclone__limit_backfill_key(p_limit cyclone_limits, p_input jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT COALESCE(CASE WHEN p_limit.key_path IS NULL THEN p_limit.key_const
+                         WHEN jsonb_typeof(p_input #> p_limit.key_path) IN ('string', 'number', 'boolean')
+                         THEN left(p_input #>> p_limit.key_path, 256) END, '')
+$$;
+
 CREATE OR REPLACE FUNCTION cyclone_limit_set(p jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     created boolean;
     l cyclone_limits;
+    clock_kinds text[];
+    clock_tokens text[];
 BEGIN
     PERFORM cyclone__limits_settle_lock();  -- in-flight submits commit first; the backfill sees their steps
     IF EXISTS (SELECT 1 FROM cyclone_limits WHERE name = p ->> 'name' AND scope <> p ->> 'scope') THEN
@@ -1138,30 +1149,44 @@ BEGIN
     RETURNING (xmax = 0), x.* INTO created, l.name, l.max_running, l.rate, l.period, l.strategy, l.scope,
               l.kinds, l.workflows, l.key_path, l.key_const, l.weights, l.created_at, l.updated_at;
 
-    -- The keys' pace was kept at the old rate: their buckets start anew at the new one, with one
-    -- start (cyclone__rate_left; the window still holds the quota). Before the backfill, so that this waits for claims
-    -- holding the keys before it locks any step.
+    -- The keys' pace was kept at the old rate: their buckets start anew at the new one, with
+    -- one start (cyclone__rate_left; the window still holds the quota). Before the backfill,
+    -- so that this waits for claims holding the keys before it locks any step.
     UPDATE cyclone_limit_keys k SET paced = NULL WHERE k.limit_name = l.name AND k.paced IS NOT NULL;
+    -- The backfill gives steps their tokens, and the due available ones their fair places
+    -- (cyclone__fair_place) under their first token's clock, row by row in no order: the
+    -- clocks are locked first, in (kind, token) order, as a claim and an arrival take them.
     IF l.scope = 'steps' AND cardinality(l.kinds) > 0 THEN
+        SELECT array_agg(s.kind), array_agg(COALESCE(s.limit_keys[1],
+                                                     cyclone__limit_token(l.name, cyclone__limit_backfill_key(l, r.input))))
+          INTO clock_kinds, clock_tokens
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.kind = ANY (l.kinds) AND s.type = 'task' AND s.state = 'available' AND s.scheduled_at <= now()
+           AND NOT EXISTS (SELECT 1 FROM unnest(COALESCE(s.limit_keys, '{}')) AS t
+                            WHERE cyclone__token_limit(t) = l.name);
+        PERFORM cyclone__fair_keys_lock(clock_kinds, clock_tokens);
         UPDATE cyclone_steps s
-           SET limit_keys = COALESCE(s.limit_keys, '{}') || cyclone__limit_token(l.name, k.key)
+           SET limit_keys = COALESCE(s.limit_keys, '{}') || cyclone__limit_token(l.name, cyclone__limit_backfill_key(l, r.input))
           FROM cyclone_runs r
-         CROSS JOIN LATERAL (SELECT COALESCE(CASE WHEN l.key_path IS NULL THEN l.key_const
-                                                  WHEN jsonb_typeof(r.input #> l.key_path) IN ('string', 'number', 'boolean')
-                                                  THEN left(r.input #>> l.key_path, 256) END, '') AS key) k
          WHERE r.id = s.run_id AND s.kind = ANY (l.kinds) AND s.type = 'task'
            AND s.state NOT IN ('completed', 'discarded', 'cancelled')
            AND NOT EXISTS (SELECT 1 FROM unnest(COALESCE(s.limit_keys, '{}')) AS t
                             WHERE cyclone__token_limit(t) = l.name);
     ELSIF l.scope = 'runs' THEN
+        SELECT array_agg(s.kind), array_agg(COALESCE(s.limit_keys[1],
+                                                     cyclone__limit_token(l.name, cyclone__limit_backfill_key(l, r.input))))
+          INTO clock_kinds, clock_tokens
+          FROM cyclone_runs r JOIN cyclone_steps s ON s.run_id = r.id
+         WHERE r.workflow_name = ANY (l.workflows) AND r.state IN ('running', 'paused')
+           AND NOT EXISTS (SELECT 1 FROM unnest(COALESCE(r.limit_keys, '{}')) AS t WHERE cyclone__token_limit(t) = l.name)
+           AND s.type = 'task' AND s.state = 'available' AND s.scheduled_at <= now();
+        PERFORM cyclone__fair_keys_lock(clock_kinds, clock_tokens);
         WITH runs AS (
             UPDATE cyclone_runs r
                SET limit_keys = COALESCE(r.limit_keys, '{}') || cyclone__limit_token(l.name, k.key),
                    limit_admitted = r.limit_admitted OR EXISTS (
                        SELECT 1 FROM cyclone_steps s WHERE s.run_id = r.id AND s.started_at IS NOT NULL)
-              FROM (SELECT r2.id, COALESCE(CASE WHEN l.key_path IS NULL THEN l.key_const
-                                                WHEN jsonb_typeof(r2.input #> l.key_path) IN ('string', 'number', 'boolean')
-                                                THEN left(r2.input #>> l.key_path, 256) END, '') AS key
+              FROM (SELECT r2.id, cyclone__limit_backfill_key(l, r2.input) AS key
                       FROM cyclone_runs r2
                      WHERE r2.workflow_name = ANY (l.workflows) AND r2.state IN ('running', 'paused')) k
              WHERE r.id = k.id

@@ -51,6 +51,7 @@ DECLARE
     limited uuid[];
     judged text[];
     picked uuid[];
+    admitting uuid[];
 BEGIN
     -- Due limited steps not yet placed in the fair order, first: this may wait for their
     -- clocks, which it must not do holding rows (cyclone__limits_place_due).
@@ -79,8 +80,20 @@ BEGIN
     IF cardinality(limited) > 0 THEN
         -- The picked steps' rows without waiting: a step that an arrival is cancelling (its
         -- key's strategy) is held by it, and the arrival may then wait for a key this claim
-        -- holds. Such a step is left out.
+        -- holds. Such a step is left out. So is one whose start would admit its run under a
+        -- limit of runs (cyclone__limits_take) while another transaction holds the run: a
+        -- cancel of the run (CancelRun, a strategy) holds it and then cancels its steps.
         picked := ARRAY(SELECT x.id FROM cyclone_steps x WHERE x.id = ANY (limited) FOR UPDATE SKIP LOCKED);
+        IF EXISTS (SELECT 1 FROM cyclone_steps x JOIN cyclone_runs r ON r.id = x.run_id
+                    WHERE x.id = ANY (picked) AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted) THEN
+            admitting := ARRAY(SELECT r.id FROM cyclone_runs r
+                                WHERE r.id IN (SELECT x.run_id FROM cyclone_steps x WHERE x.id = ANY (picked))
+                                  AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
+                                  FOR NO KEY UPDATE SKIP LOCKED);
+            picked := ARRAY(SELECT x.id FROM cyclone_steps x JOIN cyclone_runs r ON r.id = x.run_id
+                             WHERE x.id = ANY (picked)
+                               AND (r.id = ANY (admitting) OR r.limit_keys IS NULL OR r.limit_admitted));
+        END IF;
     END IF;
     IF cardinality(ids) = 0 THEN
         ids := COALESCE(picked, '{}');  -- at most p_limit; the UPDATE below takes them in any order
