@@ -1104,12 +1104,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- Limits.SetLimit: create the limit or replace its fields (validated by the server:
--- limit_spec.py). Steps that are not terminal, of the kinds it now names, that do not yet
--- consume it, consume it from now on (the running ones count against it at once); so do
--- the active runs of the workflows it names, and their steps (a run with a step claimed
--- already holds its slot). A queued step whose input lacks key_path takes the key "".
--- Returns whether the limit was created.
 -- The key of limit p_limit for a run of input p_input, as SetLimit's backfill gives it: the
 -- scalar at its key_path (cut to 256 characters; "" when there is none), else its key.
 CREATE OR REPLACE FUNCTION cyclone__limit_backfill_key(p_limit cyclone_limits, p_input jsonb) RETURNS text
@@ -1119,6 +1113,12 @@ LANGUAGE sql IMMUTABLE AS $$
                          THEN left(p_input #>> p_limit.key_path, 256) END, '')
 $$;
 
+-- Limits.SetLimit: create the limit or replace its fields (validated by the server:
+-- limit_spec.py). Steps that are not terminal, of the kinds it now names, that do not yet
+-- consume it, consume it from now on (the running ones count against it at once); so do
+-- the active runs of the workflows it names, and their steps (a run with a step claimed
+-- already holds its slot). A queued step whose input lacks key_path takes the key "".
+-- Returns whether the limit was created.
 CREATE OR REPLACE FUNCTION cyclone_limit_set(p jsonb) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
