@@ -808,7 +808,6 @@ async def test_a_claim_skips_a_picked_step_that_an_arrival_is_cancelling(engine:
     (key e/y) waits. The arrival has cancelled R and waits for R2's step (held by a blocker). A
     claim of w locks e/y and picks w; it leaves w (its row held by the arrival) instead of
     waiting for it while holding e/y, which the arrival takes next (a deadlock)."""
-    import psycopg
     await engine.set_limit(limit("d", max_running=5))
     await engine.set_limit(limit("e", max_running=5))
     run_r = await start(engine, [task("k", limits=[{"limit": "d", "key": "x"}]),
@@ -817,17 +816,26 @@ async def test_a_claim_skips_a_picked_step_that_an_arrival_is_cancelling(engine:
     assert str(run_r) < str(run_r2)  # cancelled in this order
     await engine.set_limit(limit("d", max_running=5, strategy="keep_newest"))
     await engine.set_limit(limit("e", max_running=5, strategy="keep_newest"))
+    got = await claim_beside_an_arrival_held_at(engine, conn, db_url, step_r2, Job("n", input={"new": 1}, options={
+        "limits": [{"limit": "d", "key": "x"}, {"limit": "e", "key": "y"}]}))
+    assert got == []
+    assert (await engine.get_run(run_r))["state"] == "cancelled"
+    assert await violations(conn) == {}
+
+
+async def claim_beside_an_arrival_held_at(engine: Engine, conn, db_url: str, step_id: Any, job: Job) -> list[Any]:
+    """Enqueue `job` while a blocker holds step `step_id`'s row (its arrival, cancelling that
+    step's run, waits there); claim kind w meanwhile; then let the arrival go on. Returns the
+    claim's leases, once the arrival is done too."""
+    import psycopg
     async with await psycopg.AsyncConnection.connect(db_url) as blocker:
-        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (step_r2,))
-        arrival = asyncio.create_task(engine.enqueue_many([Job("n", input={"new": 1}, options={
-            "limits": [{"limit": "d", "key": "x"}, {"limit": "e", "key": "y"}]})]))
+        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (step_id,))
+        arrival = asyncio.create_task(engine.enqueue_many([job]))
         await eventually(lambda: lock_waits_are(conn, 1))
         got = await asyncio.wait_for(engine.claim("w", ["w"], 5, 30), 30)
         await blocker.rollback()
         await asyncio.wait_for(arrival, 30)
-    assert got == []
-    assert (await engine.get_run(run_r))["state"] == "cancelled"
-    assert await violations(conn) == {}
+    return got
 
 
 async def test_a_claim_skips_a_step_whose_run_a_cancel_holds_before_admitting_it(engine: Engine, conn,
@@ -836,20 +844,13 @@ async def test_a_claim_skips_a_step_whose_run_a_cancel_holds_before_admitting_it
     keep_newest) and w. A new job of d/x cancels R: it holds R, and waits for k's row (a
     blocker holds it). A claim of w would admit R when w starts: it leaves w out rather than
     wait for R while it holds w, which the cancel reaches next (a deadlock)."""
-    import psycopg
     await engine.set_limit(limit("rl", scope="runs", workflows=["wf"], max_running=5))
     await engine.set_limit(limit("d", max_running=5))
     run_r = await start(engine, [task("k", limits=[{"limit": "d", "key": "x"}]), task("w")], input={})
     step_k = (await fetch_one(conn, "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'k'", run_r))["id"]
     await engine.set_limit(limit("d", max_running=5, strategy="keep_newest"))
-    async with await psycopg.AsyncConnection.connect(db_url) as blocker:
-        await blocker.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (step_k,))
-        arrival = asyncio.create_task(engine.enqueue_many([Job("n", input={"new": 1}, options={
-            "limits": [{"limit": "d", "key": "x"}]})]))
-        await eventually(lambda: lock_waits_are(conn, 1))
-        got = await asyncio.wait_for(engine.claim("w", ["w"], 5, 30), 30)
-        await blocker.rollback()
-        await asyncio.wait_for(arrival, 30)
+    got = await claim_beside_an_arrival_held_at(engine, conn, db_url, step_k, Job("n", input={"new": 1}, options={
+        "limits": [{"limit": "d", "key": "x"}]}))
     assert got == []
     assert (await engine.get_run(run_r))["state"] == "cancelled"
     assert await violations(conn) == {}
