@@ -39,8 +39,8 @@ d. A rate: --d-rate starts per second (period 1 s, one key) on a backlog of 1.5 
    processes in both, spread over the servers). Counted from the first handler start: starts
    in --seconds s (target within 2% of rate x seconds) and the most in any 1 s window (target
    <= rate) on three clocks: the handlers' starts (workers), the claims' `started_at` (the
-   claim transaction's start) and `cyclone_limit_starts.at` (what the limit counts, read every
-   0.25 s while its rows live), the bursts the limit admits and their spacing, the delay from
+   claim transaction's start) and `cyclone_limit_starts.at` (what the limit counts: the push of
+   the lease to its worker, or the claim until then; read every 0.25 s while its rows live), the bursts the limit admits and their spacing, the delay from
    claim to handler start, and when the handlers' busiest second was claimed.
 
 --dsn (default the machine's Postgres 15; its settings as they are) needs a role that may create
@@ -413,7 +413,9 @@ def part_d(pg, servers: int, args, workdir: Path) -> dict:
         enqueue(url, KIND, args.d_backlog)
         settle(url)
         stage = Stage(url, workdir, servers=servers)
-        ats: dict[str, float] = {}  # ctid@at -> at: every row of cyclone_limit_starts while it lives
+        # step id -> at: every row of cyclone_limit_starts while it lives (a start's `at` moves
+        # to its lease's push: the last one read counts)
+        ats: dict[str, float] = {}
         try:
             go, logs = stage.workers(3, args.slots, {KIND: "noop"}, log=True)
             go.set()
@@ -421,9 +423,9 @@ def part_d(pg, servers: int, args, workdir: Path) -> dict:
             with psycopg.connect(url, autocommit=True) as c:
                 first = None
                 while time.monotonic() < end:
-                    for ctid, at in c.execute(f"SELECT {MARK} ctid::text, extract(epoch FROM at)::float8 "
+                    for step, at in c.execute(f"SELECT {MARK} step_id::text, extract(epoch FROM at)::float8 "
                                               "FROM cyclone_limit_starts").fetchall():
-                        ats[f"{ctid}@{at}"] = at
+                        ats[step] = at
                     if first is None and ats:
                         first = time.monotonic()
                         end = first + args.seconds + 2
@@ -525,7 +527,7 @@ def report(res: dict, args, settings: str) -> None:
         rows = []
         for servers, rs in res["d"].items():
             for clock, what in (("handler", "handler starts (workers)"), ("claim", "claims' started_at"),
-                                ("at", "cyclone_limit_starts.at")):
+                                ("at", "cyclone_limit_starts.at (pushes)")):
                 totals = [r[clock]["total"] for r in rs]
                 most = [r[clock]["most"] for r in rs]
                 rows.append([f"{servers} server(s), {what}: total / most in 1 s",

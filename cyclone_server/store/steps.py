@@ -27,7 +27,7 @@ class StepStore(Core):
                                                         "limit": limit, "lease_ttl": seconds(lease_ttl)}, namedtuple_row)
         made = sorted((r for r in rows if r.idx is not None), key=lambda r: r.idx)
         if len(made) != len(jobs):
-            raise RuntimeError(f"cyclone_jobs_enqueue_claim returned {len(made)} jobs for {len(jobs)}")
+            raise RuntimeError(f"cyclone_jobs_enqueue_claim_rated returned {len(made)} jobs for {len(jobs)}")
         leases = [r for r in rows if r.idx is None]
         claimed = {r.step_id for r in leases}
         if any(r.created and r.step_id not in claimed for r in made):
@@ -49,6 +49,12 @@ class StepStore(Core):
             return []
         return await self._fetch("steps_claim_leases", {"owner": owner, "kinds": list(kinds), "limit": limit,
                                                         "lease_ttl": seconds(lease_ttl)}, namedtuple_row)
+
+    async def limit_starts_pushed(self, step_ids: Sequence[str]) -> int:
+        """The leases of these steps were written to their workers: their starts against a
+        rate count from now (cyclone_limit_starts_pushed). Returns how many starts moved."""
+        rows = await self._fetch("limit_starts_pushed", {"ids": list(step_ids)}, tuple_row)
+        return rows[0][0]
 
     async def apply_results(self, results: Sequence[Result]) -> list[tuple[str, int, str]]:
         """Apply many results in one transaction; returns (step_id, generation, status) each.

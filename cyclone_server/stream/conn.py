@@ -52,6 +52,17 @@ class End:
         self.message = message
 
 
+class RatedLeases:
+    """Put in a stream's outbox for a Leases message with leases whose starts count against
+    a rate (`step_ids`): once it is written, the hub reports them (rated.RatedPushes)."""
+
+    __slots__ = ("msg", "step_ids")
+
+    def __init__(self, msg: pb.ServerMessage, step_ids: list[str]) -> None:
+        self.msg = msg
+        self.step_ids = step_ids
+
+
 @dataclass(eq=False)
 class WorkerConn:
     """One open worker stream."""
@@ -170,9 +181,11 @@ class WorkerConn:
                 self.quiet_until = max(self.quiet_until, time.monotonic() + self.quiet_for)
         return held
 
-    def send(self, msg: pb.ServerMessage) -> None:
+    def send(self, msg: pb.ServerMessage, rated: list[str] | None = None) -> None:
+        """Queue `msg` for the stream; `rated`: the step ids of its leases whose starts count
+        against a rate (reported once it is written)."""
         if not self.closed:
-            self.outbox.put_nowait(msg)
+            self.outbox.put_nowait(RatedLeases(msg, rated) if rated else msg)
 
     def ping(self) -> None:
         """Send a Ping (the worker answers with a Pong of the same nonce)."""
@@ -194,4 +207,4 @@ class WorkerConn:
             self.end()
 
 
-__all__ = ["LeaseKey", "HANDBACK_QUIET", "HeldLease", "End", "WorkerConn"]
+__all__ = ["LeaseKey", "HANDBACK_QUIET", "HeldLease", "End", "RatedLeases", "WorkerConn"]

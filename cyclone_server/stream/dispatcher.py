@@ -278,6 +278,7 @@ class Dispatcher:
             return
         claims = self.stats["claims"]
         held = conn.held
+        rated = [row.step_id for row in rows if row.rated]
         # No await from the check above to the send below: the stream takes these.
         msg = pb.ServerMessage()
         add = msg.leases.leases.add
@@ -290,7 +291,7 @@ class Dispatcher:
                 attempt_deadline_us=row.attempt_deadline_us, trace=trace)
             claims[row.kind] += 1
             lease_message(row, add())
-        conn.send(msg)
+        conn.send(msg, rated)
         # From claimable (scheduled_at) to pushed: `waited` runs to the claim's transaction
         # start (0 for a job claimed by its own Enqueue), then the claim, its commit and
         # this push, timed here on one clock.

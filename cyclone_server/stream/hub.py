@@ -25,8 +25,9 @@ from cyclone_server.store.notify import Notifier
 from cyclone_server.tasks import cancel_and_wait
 
 from .committer import ResultCommitter
-from .conn import HANDBACK_QUIET, End, HeldLease, LeaseKey, WorkerConn
+from .conn import HANDBACK_QUIET, End, HeldLease, LeaseKey, RatedLeases, WorkerConn
 from .dispatcher import Dispatcher
+from .rated import RatedPushes
 from .wire import ack, to_result
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         }
         self.dispatcher = Dispatcher(engine, lambda: self.conns, lease_ttl=lease_ttl, stats=self.stats)
         self.committer = ResultCommitter(engine, stats=self.stats, on_applied=self.wake)
+        self.rated = RatedPushes(engine)
         self._accepting = True
         self._dispatch_task: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,6 +125,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
         self.notifier.subscribe("cyclone_available", self._available_elsewhere, skip={self.engine.announce_token})
         self._dispatch_task = asyncio.create_task(self.dispatcher.run(), name="cyclone-dispatch")
         self._tasks = [asyncio.create_task(self.committer.run(), name="cyclone-results"),
+                       asyncio.create_task(self.rated.run(), name="cyclone-rated-pushes"),
                        asyncio.create_task(self._renew_loop(), name="cyclone-renew"),
                        asyncio.create_task(self._beat_loop(), name="cyclone-workers-beat")]
 
@@ -188,6 +191,10 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 if isinstance(msg, End):
                     end = msg
                     break
+                if isinstance(msg, RatedLeases):
+                    await context.write(msg.msg)
+                    self.rated.add(msg.step_ids)  # their starts count from now (docs/flow-control.md)
+                    continue
                 await context.write(msg)
         finally:
             # Leases are not released: while the worker is away they expire, unless it

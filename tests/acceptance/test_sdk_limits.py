@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psycopg
 import pytest
 
 from cyclone_worker import Client, Context, CycloneClientError, Job, LimitUse, Worker, Workflow
@@ -133,6 +134,34 @@ async def test_nodes_and_jobs_consume_the_limits_they_name_and_steps_say_what_ho
     with pytest.raises(CycloneClientError) as e:
         await client.submit("report", {"other": 1})
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and "input.region" in e.value.message
+
+
+async def test_the_server_reports_each_rated_lease_it_pushed(client: Client, db_url: str) -> None:
+    """A start against a rate counts from the moment the server wrote its lease to the worker's
+    stream (docs/flow-control.md): each start of a rated step is marked pushed, and a step of
+    the same worker without a rate leaves nothing to report."""
+    await client.set_limit("calls", rate=5, period=60, kinds=["rated_call"])
+    worker = Worker(client.address, slots=2)
+
+    @worker.handler("rated_call")
+    async def rated_call(ctx: Context) -> None:
+        pass
+
+    @worker.handler("plain_call")
+    async def plain_call(ctx: Context) -> None:
+        pass
+
+    async with worker:
+        runs = [await client.enqueue("rated_call", {"n": 1}), await client.enqueue("plain_call", {"n": 2})]
+        await wait_all(client, runs)
+
+        async def pushed() -> list[tuple[Any, ...]]:
+            async with await psycopg.AsyncConnection.connect(db_url) as c:
+                rows = await (await c.execute(
+                    "SELECT s.run_id::text, d.pushed, d.at >= s.started_at FROM cyclone_limit_starts d "
+                    "JOIN cyclone_steps s ON s.id = d.step_id")).fetchall()
+            return rows if rows and all(p for _, p, _ in rows) else []
+        assert await until(pushed, what="the rated start marked pushed") == [(runs[0], True, True)]
 
 
 async def test_a_workflow_declares_the_limit_of_its_runs_when_registered(client: Client) -> None:

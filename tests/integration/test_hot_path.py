@@ -331,7 +331,7 @@ async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_inde
     assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
 
 
-JIT_OFF = ("cyclone_steps_claim", "cyclone_steps_next_due", "cyclone_results_apply", "cyclone__limits_pick",
+JIT_OFF = ("cyclone__steps_claim", "cyclone_steps_claim", "cyclone_steps_next_due", "cyclone_results_apply", "cyclone__limits_pick",
            "cyclone__limits_take", "cyclone__limits_next_due")
 
 

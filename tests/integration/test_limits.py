@@ -556,6 +556,51 @@ async def test_a_rate_holds_its_quota_in_the_window(engine: Engine, conn) -> Non
     assert [x["input"] for x in await claim(engine, "call", 10)] == [2]  # the first left
 
 
+async def test_a_rated_start_counts_from_the_push_of_its_lease(engine: Engine, conn) -> None:
+    """A start against a rate counts from its claim until the server reports its lease written to
+    the worker (cyclone_limit_starts_pushed), then from that moment: a lease pushed late (here a
+    whole window after its claim, as if the claim's commit or the server had stalled) keeps its
+    start in the window from the push. Reported again, it moves no more. Claims say which rows
+    are rated."""
+    await engine.set_limit(limit("r", rate=1, period=1.0, kinds=["k"]))
+    await jobs(engine, "k", [1, 2])
+    await jobs(engine, "free", [1])
+    [first] = await engine.claim_leases("w1", ["k"], 5, 30.0)  # the dispatcher's claim
+    [free] = await engine.claim_leases("w1", ["free"], 5, 30.0)
+    assert first.rated and not free.rated
+    row = await fetch_one(conn, "SELECT step_id::text, pushed FROM cyclone_limit_starts")
+    assert (row["step_id"], row["pushed"]) == (first.step_id, False)
+    # As if claimed 5 s ago: its window and the bucket's pace have passed.
+    await conn.execute("UPDATE cyclone_limit_starts SET at = at - interval '5 s'")
+    await conn.execute("UPDATE cyclone_limit_keys SET paced = paced - interval '5 s'")
+    assert await engine.next_due(["k"]) <= 0.0
+    before = (await fetch_one(conn, "SELECT clock_timestamp() AS t"))["t"]
+    assert await engine.limit_starts_pushed([first.step_id, free.step_id]) == 1
+    row = await fetch_one(conn, "SELECT at, pushed FROM cyclone_limit_starts")
+    assert row["pushed"] and row["at"] >= before
+    assert await claim(engine, "k", 5) == []  # one start per window, counted from the push
+    assert 0.9 < await engine.next_due(["k"]) <= 1.01
+    assert await engine.limit_starts_pushed([first.step_id]) == 0
+
+
+async def test_a_push_moves_its_own_lease_start_not_an_earlier_unpushed_one(engine: Engine, conn) -> None:
+    """A lease released before it was pushed (its worker went away) leaves a start that stays
+    counted from its claim; the step's next lease, pushed, moves its own start only."""
+    await engine.set_limit(limit("r", rate=10, period=60.0, kinds=["k"]))
+    await jobs(engine, "k", [1])
+    [lease] = await claim(engine, "k", 1, owner="gone")
+    assert await engine.release("gone", [(str(lease["step_id"]), lease["lease_generation"])])
+    await conn.execute("UPDATE cyclone_limit_keys SET paced = NULL")  # a start left in the bucket
+    [again] = await claim(engine, "k", 1, owner="w2")
+    assert again["step_id"] == lease["step_id"]
+    before = await fetch(conn, "SELECT at FROM cyclone_limit_starts ORDER BY at")
+    assert len(before) == 2
+    assert await engine.limit_starts_pushed([str(again["step_id"])]) == 1
+    after = await fetch(conn, "SELECT at, pushed FROM cyclone_limit_starts ORDER BY at")
+    assert [r["pushed"] for r in after] == [True, True]
+    assert after[0]["at"] == before[0]["at"] and after[1]["at"] > before[1]["at"]
+
+
 async def test_a_claim_records_starts_only_for_the_steps_it_took(engine: Engine, conn) -> None:
     """A claim may choose a step from a snapshot taken before another claim of its key committed
     it: the step is running, but not this claim's start. cyclone__limits_take counts only the

@@ -35,10 +35,13 @@ SELECT idx, run_id::text AS run_id, step_id::text AS step_id, created FROM cyclo
 SELECT * FROM cyclone_steps_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: steps_claim_leases
-SELECT * FROM cyclone_leases_claim(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+SELECT * FROM cyclone_leases_claim_rated(%(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+
+-- name: limit_starts_pushed
+SELECT cyclone_limit_starts_pushed(%(ids)s::uuid[]);
 
 -- name: jobs_enqueue_claim
-SELECT * FROM cyclone_jobs_enqueue_claim(%(jobs)s::jsonb, %(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
+SELECT * FROM cyclone_jobs_enqueue_claim_rated(%(jobs)s::jsonb, %(owner)s, %(kinds)s, %(limit)s, %(lease_ttl)s);
 
 -- name: results_apply
 -- %(results)s is the batch as JSON text (Engine.apply_results writes it).

@@ -1,7 +1,7 @@
 -- Flow control (docs/flow-control.md): which limits a step consumes and under which key,
 -- where it stands in its kind's fair order, what a limit's strategy does when a step
 -- arrives, and which limited steps a claim may take. The claim itself is
--- cyclone_steps_claim (30_steps.sql); the tables are migration 0010's.
+-- cyclone__steps_claim (30_steps.sql); the tables are migration 0010's.
 --
 -- A token is "<limit name>\x1f<key>" (limit names never hold \x1f). Errors on bad input
 -- are CY400 (INVALID_ARGUMENT) naming the limit and the field.
@@ -15,12 +15,13 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT split_part(p_token, chr(31), 1) $$;
 CREATE OR REPLACE FUNCTION cyclone__token_key(p_token text) RETURNS text
 LANGUAGE sql IMMUTABLE AS $$ SELECT substr(p_token, strpos(p_token, chr(31)) + 1) $$;
 
--- The window a rate counts starts in: its period and 1% more (at most 50 ms). Starts are
--- counted on the database's clock when they are claimed; a worker sees each a moment later
--- (the commit, the push), and those moments vary by a few milliseconds: the margin keeps
--- the starts within the quota in any window of the workers' clocks too.
+-- The window a rate counts starts in: its period and 0.5% more (at most 50 ms). Starts are
+-- counted on the database's clock: from the claim, and from the push of the lease to its
+-- worker once the server has written it (cyclone_limit_starts_pushed). The worker sees
+-- each a moment later still, and that moment varies by a few milliseconds: the margin
+-- keeps the starts within the quota in any window of the workers' clocks too.
 CREATE OR REPLACE FUNCTION cyclone__rate_window(p_period interval) RETURNS interval
-LANGUAGE sql IMMUTABLE AS $$ SELECT p_period + least(p_period / 100, interval '50 milliseconds') $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT p_period + least(p_period / 200, interval '50 milliseconds') $$;
 
 -- Submits and SetLimit take turns: a submit works out its steps' tokens from the limits it
 -- sees, and SetLimit's backfill cannot see the steps of a submit not yet committed. So every
@@ -862,6 +863,7 @@ AS $$
 DECLARE
     clock timestamptz := clock_timestamp();
     m_runs uuid[];
+    m_steps uuid[];
     m_toks text[];
     m_scope text[];
     m_rated boolean[];
@@ -878,17 +880,20 @@ BEGIN
     -- of theirs, the step's run and its limit's scope (NULL: the limit was deleted); per kind,
     -- the furthest fair place taken.
     WITH mine AS MATERIALIZED (
-        SELECT s.run_id, s.limit_keys, s.kind, s.fair_at FROM cyclone_steps s
+        SELECT s.id, s.run_id, s.limit_keys, s.kind, s.fair_at FROM cyclone_steps s
          WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
            AND s.started_at = now()
     ), toks AS MATERIALIZED (
-        SELECT m.run_id, x.t, l.scope, l.rate IS NOT NULL AS rated FROM mine m CROSS JOIN unnest(m.limit_keys) AS x (t)
+        SELECT m.id, m.run_id, x.t, l.scope, l.rate IS NOT NULL AS rated
+          FROM mine m CROSS JOIN unnest(m.limit_keys) AS x (t)
           LEFT JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
     ), kinds AS MATERIALIZED (
         SELECT m.kind, max(m.fair_at) AS at FROM mine m WHERE m.fair_at IS NOT NULL GROUP BY m.kind
     )
-    SELECT a.runs, a.toks, a.scopes, a.rated, b.kinds, b.ats INTO m_runs, m_toks, m_scope, m_rated, m_kinds, m_at
-      FROM (SELECT array_agg(t.run_id) AS runs, array_agg(t.t) AS toks, array_agg(t.scope) AS scopes,
+    SELECT a.steps, a.runs, a.toks, a.scopes, a.rated, b.kinds, b.ats
+      INTO m_steps, m_runs, m_toks, m_scope, m_rated, m_kinds, m_at
+      FROM (SELECT array_agg(t.id) AS steps, array_agg(t.run_id) AS runs, array_agg(t.t) AS toks,
+                   array_agg(t.scope) AS scopes,
                    array_agg(t.rated) AS rated FROM toks t) a,
            (SELECT array_agg(k.kind ORDER BY k.kind) AS kinds, array_agg(k.at ORDER BY k.kind) AS ats FROM kinds k) b;
     -- (Nothing to write when no token is of a limit of runs or with a rate. A run whose limit of
@@ -900,14 +905,18 @@ BEGIN
              WHERE r.id = ANY (ARRAY(SELECT u.r FROM unnest(m_runs, m_scope) AS u (r, scope)
                                       WHERE u.scope = 'runs' OR u.scope IS NULL))
                AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
-            RETURNING r.limit_keys
+            RETURNING r.id, r.limit_keys
         ), started AS (
-            INSERT INTO cyclone_limit_starts (limit_name, key, at)
-            SELECT l.name, cyclone__token_key(u.t), clock
+            -- Each start names the step whose lease it is (cyclone_limit_starts_pushed).
+            INSERT INTO cyclone_limit_starts (limit_name, key, at, step_id)
+            SELECT l.name, cyclone__token_key(u.t), clock, u.step
               -- A step's start counts for its limits of steps; a run's admission for its limits of runs.
-              FROM (SELECT u.t, 'steps' AS scope FROM unnest(m_toks, m_scope) AS u (t, scope) WHERE u.scope = 'steps'
+              FROM (SELECT u.t, u.step, 'steps' AS scope FROM unnest(m_toks, m_scope, m_steps) AS u (t, scope, step)
+                     WHERE u.scope = 'steps'
                      UNION ALL
-                    SELECT t, 'runs' FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
+                    SELECT t, (SELECT x.step FROM unnest(m_runs, m_steps) AS x (run, step) WHERE x.run = n.id LIMIT 1),
+                           'runs'
+                      FROM newly n CROSS JOIN unnest(n.limit_keys) AS t) u
               JOIN cyclone_limits l ON l.name = cyclone__token_limit(u.t) AND l.rate IS NOT NULL AND l.scope = u.scope
             RETURNING limit_name, key)
         -- The keys' pace (cyclone__rate_left): their rows are locked by this claim (cyclone__limits_pick).
@@ -925,6 +934,43 @@ BEGIN
          WHERE f.kind = (SELECT x.kind FROM cyclone_fair_clocks x WHERE x.kind = m_kinds[i] AND x.vt < m_at[i]
                             FOR UPDATE SKIP LOCKED);
     END LOOP;
+END $$;
+
+-- A start counts from its claim until its lease is pushed, then from the push: the server
+-- calls this with the steps whose leases it has just written to their workers' streams (the
+-- claim's `rated` rows). Between the claim and the push lie the claim's commit and the
+-- server's own work, which a busy disk or a paused server stretch to tens of milliseconds
+-- now and then: counted from the claim, such starts reached their workers beside the next
+-- window's and a worker saw more than the quota in one second. Moving `at` later only
+-- keeps a start in the window longer; a claim that counted it before the move counted it
+-- all the same. Only a step's latest starts move (its claim's: one per limit, all at that
+-- claim's clock); an earlier lease of the step that was never pushed (its worker went away
+-- first) is marked pushed where it stands. Rows that another transaction holds (the pick's
+-- or the tidy's delete of a start older than its window: a push later than a whole window)
+-- are left as they are. Returns how many starts were moved.
+CREATE OR REPLACE FUNCTION cyclone_limit_starts_pushed(p_ids uuid[]) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+    n integer;
+BEGIN
+    WITH mine AS (
+        SELECT x.ctid AS row, x.at FROM cyclone_limit_starts x
+         WHERE x.step_id = ANY (p_ids) AND NOT x.pushed
+           FOR UPDATE SKIP LOCKED
+    ), moved AS (
+        UPDATE cyclone_limit_starts d
+           SET at = CASE WHEN d.at = (SELECT max(y.at) FROM cyclone_limit_starts y
+                                       WHERE y.step_id = d.step_id AND NOT y.pushed)
+                         THEN greatest(d.at, clock_timestamp()) ELSE d.at END,
+               pushed = true
+          FROM mine m
+         WHERE d.ctid = m.row
+        RETURNING d.at <> m.at AS moved
+    )
+    SELECT count(*) FILTER (WHERE moved) INTO n FROM moved;
+    RETURN n;
 END $$;
 
 -- A rate's starts are spread over its window. Besides at most `rate` in any window, a key's

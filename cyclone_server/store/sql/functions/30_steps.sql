@@ -34,13 +34,16 @@
 -- Postgres built with LLVM (Debian's, PGDG's) compiled the plan anew on every call: about
 -- 19 ms of JIT for 1.5 ms of work, a burst drained at a quarter of the rate. The claim
 -- touches at most p_limit rows by index: jit = off, for every caller.
+-- `rated`: whether the step's start counts against a rate; the dispatcher reports such a
+-- lease once written to its worker (cyclone_limit_starts_pushed). cyclone_steps_claim, below,
+-- is this claim without it.
 DROP FUNCTION IF EXISTS cyclone_steps_claim(text, text[], integer, interval);
-CREATE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer,
-                                    p_lease_ttl interval)
+CREATE OR REPLACE FUNCTION cyclone__steps_claim(p_owner text, p_kinds text[], p_limit integer,
+                                                p_lease_ttl interval)
 RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer, attempt integer,
                max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
                lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
-               input jsonb, parents jsonb, trace_context jsonb)
+               input jsonb, parents jsonb, trace_context jsonb, rated boolean)
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
@@ -123,7 +126,11 @@ BEGIN
                       CROSS JOIN LATERAL (SELECT p.node, p.output FROM cyclone_steps p
                                            WHERE p.id = d.dep_id OFFSET 0) p
                       WHERE d.step_id = c.id), '{}'::jsonb),
-           r.trace_context
+           r.trace_context,
+           CASE WHEN c.limit_keys IS NULL THEN false
+                ELSE EXISTS (SELECT 1 FROM unnest(c.limit_keys) AS x (t)
+                               JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
+                              WHERE l.rate IS NOT NULL) END
       FROM claimed c
      CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
      ORDER BY c.priority, c.scheduled_at, c.id;
@@ -132,21 +139,37 @@ BEGIN
     END IF;
 END $$;
 
--- The dispatcher's claim: cyclone_steps_claim's rows as a Lease carries them (ids as text,
+-- The claim's rows without `rated`, as they were before migration 0013's release (a server of
+-- that release calls it, prepared, through cyclone_leases_claim below).
+CREATE FUNCTION cyclone_steps_claim(p_owner text, p_kinds text[], p_limit integer, p_lease_ttl interval)
+RETURNS TABLE (step_id uuid, run_id uuid, node text, kind text, priority integer, attempt integer,
+               max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
+               lease_expiry timestamptz, attempt_deadline timestamptz, waited double precision,
+               input jsonb, parents jsonb, trace_context jsonb)
+LANGUAGE sql
+SET jit = off
+AS $$
+    SELECT c.step_id, c.run_id, c.node, c.kind, c.priority, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
+           c.lease_generation, c.lease_expiry, c.attempt_deadline, c.waited, c.input, c.parents, c.trace_context
+      FROM cyclone__steps_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS c
+$$;
+
+-- The dispatcher's claim: cyclone__steps_claim's rows as a Lease carries them (ids as text,
 -- times as microseconds since the epoch, payloads as JSON text, parents NULL when the node
--- has none), so that the server converts nothing it only passes on.
-CREATE OR REPLACE FUNCTION cyclone_leases_claim(p_owner text, p_kinds text[], p_limit integer,
-                                                p_lease_ttl interval)
+-- has none), so that the server converts nothing it only passes on; and `rated`, which the
+-- Lease does not carry (the server reports those leases once written: cyclone_limit_starts_pushed).
+CREATE OR REPLACE FUNCTION cyclone_leases_claim_rated(p_owner text, p_kinds text[], p_limit integer,
+                                                      p_lease_ttl interval)
 RETURNS TABLE (step_id text, run_id text, node text, kind text, attempt integer, max_attempts integer,
                reclaims integer, snoozes integer, lease_generation bigint, lease_expiry_us bigint,
                attempt_deadline_us bigint, waited double precision, input text, parents text,
-               trace_context jsonb)
+               trace_context jsonb, rated boolean)
 LANGUAGE sql AS $$
     SELECT c.step_id::text, c.run_id::text, c.node, c.kind, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
            c.lease_generation, (extract(epoch FROM c.lease_expiry) * 1000000)::bigint,
            (extract(epoch FROM c.attempt_deadline) * 1000000)::bigint, c.waited, c.input::text,
-           CASE WHEN c.parents = '{}'::jsonb THEN NULL ELSE c.parents::text END, c.trace_context
-      FROM cyclone_steps_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS c
+           CASE WHEN c.parents = '{}'::jsonb THEN NULL ELSE c.parents::text END, c.trace_context, c.rated
+      FROM cyclone__steps_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS c
 $$;
 
 -- Enqueue, then claim in the same transaction for a worker that waits for these kinds (the
@@ -154,24 +177,53 @@ $$;
 -- lease goes out as the call returns. The claim is the dispatcher's, in priority then FIFO
 -- order, so an older step of these kinds is claimed before a job enqueued here. Rows:
 -- each job's as cyclone_jobs_enqueue returns it (idx set, the lease columns NULL), then
--- each claimed step's as cyclone_leases_claim returns it (idx NULL).
+-- each claimed step's as cyclone_leases_claim_rated returns it (idx NULL).
+CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue_claim_rated(p_jobs jsonb, p_owner text, p_kinds text[],
+                                                            p_limit integer, p_lease_ttl interval)
+RETURNS TABLE (idx integer, created boolean, step_id text, run_id text, node text, kind text, attempt integer,
+               max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
+               lease_expiry_us bigint, attempt_deadline_us bigint, waited double precision, input text,
+               parents text, trace_context jsonb, rated boolean)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+        SELECT e.idx, e.created, e.step_id::text, e.run_id::text, NULL::text, NULL::text, NULL::integer,
+               NULL::integer, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
+               NULL::double precision, NULL::text, NULL::text, NULL::jsonb, NULL::boolean
+          FROM cyclone_jobs_enqueue(p_jobs) AS e;
+    RETURN QUERY
+        SELECT NULL::integer, NULL::boolean, l.*
+          FROM cyclone_leases_claim_rated(p_owner, p_kinds, p_limit, p_lease_ttl) AS l;
+END $$;
+
+-- The two above without `rated`, as servers of the release before it call them: their rows
+-- keep their type, so that such a server still running during a rolling upgrade (its
+-- statements prepared) claims on (docs/operations.md, migration 0013).
+CREATE OR REPLACE FUNCTION cyclone_leases_claim(p_owner text, p_kinds text[], p_limit integer,
+                                                p_lease_ttl interval)
+RETURNS TABLE (step_id text, run_id text, node text, kind text, attempt integer, max_attempts integer,
+               reclaims integer, snoozes integer, lease_generation bigint, lease_expiry_us bigint,
+               attempt_deadline_us bigint, waited double precision, input text, parents text,
+               trace_context jsonb)
+LANGUAGE sql AS $$
+    SELECT c.step_id, c.run_id, c.node, c.kind, c.attempt, c.max_attempts, c.reclaims, c.snoozes,
+           c.lease_generation, c.lease_expiry_us, c.attempt_deadline_us, c.waited, c.input, c.parents,
+           c.trace_context
+      FROM cyclone_leases_claim_rated(p_owner, p_kinds, p_limit, p_lease_ttl) AS c
+$$;
+
 CREATE OR REPLACE FUNCTION cyclone_jobs_enqueue_claim(p_jobs jsonb, p_owner text, p_kinds text[],
                                                       p_limit integer, p_lease_ttl interval)
 RETURNS TABLE (idx integer, created boolean, step_id text, run_id text, node text, kind text, attempt integer,
                max_attempts integer, reclaims integer, snoozes integer, lease_generation bigint,
                lease_expiry_us bigint, attempt_deadline_us bigint, waited double precision, input text,
                parents text, trace_context jsonb)
-LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN QUERY
-        SELECT e.idx, e.created, e.step_id::text, e.run_id::text, NULL::text, NULL::text, NULL::integer,
-               NULL::integer, NULL::integer, NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
-               NULL::double precision, NULL::text, NULL::text, NULL::jsonb
-          FROM cyclone_jobs_enqueue(p_jobs) AS e;
-    RETURN QUERY
-        SELECT NULL::integer, NULL::boolean, l.*
-          FROM cyclone_leases_claim(p_owner, p_kinds, p_limit, p_lease_ttl) AS l;
-END $$;
+LANGUAGE sql AS $$
+    SELECT c.idx, c.created, c.step_id, c.run_id, c.node, c.kind, c.attempt, c.max_attempts, c.reclaims,
+           c.snoozes, c.lease_generation, c.lease_expiry_us, c.attempt_deadline_us, c.waited, c.input,
+           c.parents, c.trace_context
+      FROM cyclone_jobs_enqueue_claim_rated(p_jobs, p_owner, p_kinds, p_limit, p_lease_ttl) AS c
+$$;
 
 -- Seconds until the first available step of these kinds becomes claimable (NULL: none; 0
 -- or less: one is claimable now); the dispatcher asks after a claim that got fewer rows than
@@ -188,7 +240,7 @@ CREATE OR REPLACE FUNCTION cyclone_steps_next_due(p_kinds text[]) RETURNS double
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
-SET jit = off  -- as cyclone_steps_claim: a generic plan's cost says nothing of its work
+SET jit = off  -- as cyclone__steps_claim: a generic plan's cost says nothing of its work
 AS $$
 DECLARE
     seconds double precision;
@@ -440,8 +492,8 @@ CREATE FUNCTION cyclone_results_apply(p_results jsonb, p_max_output_bytes intege
 RETURNS TABLE (idx integer, step_id uuid, lease_generation bigint, status text, ended_child_run uuid,
                available boolean)
 LANGUAGE plpgsql
-SET enable_seqscan = off  -- as cyclone_steps_claim; it holds for the functions it calls
-SET jit = off  -- as cyclone_steps_claim: on Postgres 15 to 17 a disabled seqscan costs 1e10, past every JIT threshold
+SET enable_seqscan = off  -- as cyclone__steps_claim; it holds for the functions it calls
+SET jit = off  -- as cyclone__steps_claim: on Postgres 15 to 17 a disabled seqscan costs 1e10, past every JIT threshold
 AS $$
 DECLARE
     x record;
