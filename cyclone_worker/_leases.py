@@ -21,7 +21,7 @@ from ._context import Context
 from ._errors import Permanent, outcome_of
 from ._logging import current_step
 from ._models import enum_name
-from ._tracing import traced
+from ._tracing import preload, traced
 from cyclone_proto import workers_pb2
 from .values import from_value, to_duration, to_value
 
@@ -136,6 +136,7 @@ class LeaseTable:
 
     def open(self, loop: asyncio.AbstractEventLoop, executor: Executor, pool: Any) -> None:
         self._loop, self._executor, self._pool = loop, executor, pool
+        preload()  # not at the first lease's start (traced)
 
     def refs(self) -> list[workers_pb2.LeaseRef]:
         """What Hello.held lists: every lease the server has not taken back."""

@@ -44,6 +44,13 @@ def _otel() -> Any:
     return _api or None
 
 
+def preload() -> None:
+    """Import the OpenTelemetry API now, when it is installed: the worker calls this before its
+    first lease, whose handler would otherwise start only after the import (8 ms on an idle
+    machine, 20 under load)."""
+    _otel()
+
+
 def tracing_configured(env: Mapping[str, str] = os.environ) -> bool:
     """True when the environment asks for traces to be exported: OTEL_SDK_DISABLED is not
     "true", and OTEL_TRACES_EXPORTER names an exporter other than "none" or, when it is
