@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from importlib import resources
 
@@ -12,6 +13,8 @@ from cyclone_server.errors import MigrationError
 
 from .failover import with_failover_defaults
 from .faults import translated
+
+log = logging.getLogger(__name__)
 
 # Every migrator takes this advisory lock for the whole run, so servers that start at once
 # apply each file exactly once.
@@ -84,8 +87,14 @@ def migrate(conninfo: str) -> list[str]:
 
 
 def _apply_pending(conn: psycopg.Connection, done: dict[str, str]) -> list[str]:
-    """The migrations not applied yet, then the function files whose text changed."""
+    """The migrations not applied yet, then the function files whose text changed; but
+    none of the function files when a newer release has migrated the database (it
+    recorded a migration this one does not know): a server of the earlier release that
+    starts during a rolling upgrade would otherwise put its own functions back under the
+    newer servers, which need theirs."""
     applied: list[str] = []
+    known = {f.name for f in migrations()}
+    newer = sorted(name for name in done if not name.startswith("functions/") and name not in known)
     for f in migrations():
         if f.name in done:
             if done[f.name] in REWORDED.get(f.name, ()):
@@ -98,6 +107,9 @@ def _apply_pending(conn: psycopg.Connection, done: dict[str, str]) -> list[str]:
             continue
         _apply(conn, f, f.name)
         applied.append(f.name)
+    if newer:
+        log.warning("the database was migrated by a newer release (%s): its SQL functions are kept", ", ".join(newer))
+        return applied
     for f in functions():
         key = f"functions/{f.name}"
         if done.get(key) == f.checksum:

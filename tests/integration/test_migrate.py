@@ -139,6 +139,22 @@ def test_edited_function_file_is_applied_again(empty_db_url: str, use_files) -> 
         assert conn.execute("SELECT f()").fetchone() == (2,)
 
 
+def test_an_earlier_release_keeps_the_functions_of_a_newer_one(empty_db_url: str, use_files) -> None:
+    """A rolling upgrade: a newer release migrated the database (a migration the earlier one
+    does not know), then a server of the earlier release starts. It puts none of its own
+    function files back over the newer ones, which the newer servers run on."""
+    old = SqlFile("f.sql", "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1';")
+    new = SqlFile("f.sql", "CREATE OR REPLACE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 2';")
+    use_files([fake("0001_log.sql", _LOG), fake("0002_t.sql", "CREATE TABLE t (id int);")], [new])
+    migrate(empty_db_url)
+    use_files([fake("0001_log.sql", _LOG)], [old])
+
+    assert migrate(empty_db_url) == []
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT f()").fetchone() == (2,)
+    assert recorded(empty_db_url)["functions/f.sql"] == new.checksum
+
+
 def _files_in(folder) -> list[SqlFile]:
     files = sorted((SqlFile(p.name, p.read_text()) for p in folder.glob("*.sql")), key=lambda f: f.name)
     assert files, f"no SQL files in {folder}"  # a fixture gone missing must not pass as an empty database
@@ -157,7 +173,7 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     # The SQL files as they were at the last landing (git archive of that commit): a
     # function whose parameters were renamed or removed must be dropped before it is
     # created again, or the upgrade fails where a fresh database does not.
-    landed = Path(__file__).parent / "fixtures" / "sql_landed_396a624"
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_b51af15"
     use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
     migrate(empty_db_url)
     use_files(migrations(), functions())
@@ -166,6 +182,26 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     assert all(name in expected_names() for name in applied)
     # The same functions as a database made fresh by this version: none left behind.
     assert _functions_of(empty_db_url) == _functions_of(db_url)
+
+
+def test_the_functions_the_last_landed_version_calls_keep_their_rows(empty_db_url: str, db_url: str,
+                                                                    use_files) -> None:
+    """During a rolling upgrade, servers of the last landed version run on this version's
+    functions with their statements prepared: a function they call (`cyclone_*`, not the
+    internal `cyclone__*`) must return rows of the same type, or Postgres refuses the
+    prepared statement ("cached plan must not change result type")."""
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_b51af15"
+    use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
+    migrate(empty_db_url)
+    query = ("SELECT proname || '(' || pg_get_function_identity_arguments(oid) || ')', pg_get_function_result(oid)"
+             " FROM pg_proc WHERE proname LIKE 'cyclone%' AND proname NOT LIKE 'cyclone\\_\\_%'"
+             " AND pronamespace = 'public'::regnamespace")
+    with psycopg.connect(empty_db_url) as conn:
+        before = dict(conn.execute(query).fetchall())
+    with psycopg.connect(db_url) as conn:
+        now = dict(conn.execute(query).fetchall())
+    changed = {f: (before[f], now.get(f)) for f in before if now.get(f) != before[f]}
+    assert changed == {}, "\n".join(f"{k}: {v}" for k, v in changed.items())
 
 
 def test_a_migration_reworded_in_its_comments_is_taken_as_applied(empty_db_url: str, use_files,
