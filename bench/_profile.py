@@ -74,7 +74,7 @@ def explain(pg: EmbeddedPostgres, path: Path) -> None:
         c.add_notice_handler(lambda d: notices.append(d.message_primary))
         # Warm the caches and the functions' plans the way a running server would have.
         for _ in range(6):
-            rows = c.execute("SELECT step_id, lease_generation FROM cyclone_steps_claim('bench', ARRAY['noop'], 64, "
+            rows = c.execute("SELECT step_id, lease_generation FROM cyclone__steps_claim('bench', ARRAY['noop'], 64, "
                              "interval '30 s')").fetchall()
             c.execute("SELECT * FROM cyclone_results_apply(%s::jsonb)", (json.dumps(
                 [{"step_id": str(r[0]), "generation": r[1], "outcome": "completed", "output": None,
@@ -83,8 +83,8 @@ def explain(pg: EmbeddedPostgres, path: Path) -> None:
         for k, v in {"log_min_duration": "0", "log_analyze": "on", "log_buffers": "on", "log_timing": "on",
                      "log_nested_statements": "on", "log_level": "notice", "log_verbose": "off"}.items():
             c.execute(f"SET auto_explain.{k} = '{v}'")
-        notices.append("==== SELECT * FROM cyclone_steps_claim('bench', ARRAY['noop'], 64, '30 s')")
-        rows = c.execute("SELECT step_id, lease_generation FROM cyclone_steps_claim('bench', ARRAY['noop'], 64, "
+        notices.append("==== SELECT * FROM cyclone__steps_claim('bench', ARRAY['noop'], 64, '30 s')")
+        rows = c.execute("SELECT step_id, lease_generation FROM cyclone__steps_claim('bench', ARRAY['noop'], 64, "
                          "interval '30 s')").fetchall()
         notices.append(f"==== SELECT * FROM cyclone_results_apply(<{len(rows)} completed results>)")
         c.execute("SELECT * FROM cyclone_results_apply(%s::jsonb)", (json.dumps(

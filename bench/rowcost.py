@@ -1,7 +1,7 @@
 """What one step costs Postgres, in counts that do not depend on the machine's load.
 
 No server and no workers: the state machine's own functions, called from one connection as
-the server calls them (`cyclone_steps_claim` of 64 steps, `cyclone_results_apply` of their
+the server calls them (`cyclone__steps_claim` of 64 steps, `cyclone_results_apply` of their
 64 results), on a private embedded Postgres with durable commits and autovacuum off (so
 nothing but the bench writes WAL). Two workloads:
 
@@ -102,7 +102,7 @@ class Phase:
 
 
 def claim(c: psycopg.Connection) -> list[tuple]:
-    return c.execute("SELECT step_id, lease_generation FROM cyclone_steps_claim('rowcost', %s, %s, '5 min')",
+    return c.execute("SELECT step_id, lease_generation FROM cyclone__steps_claim('rowcost', %s, %s, '5 min')",
                      ([KIND], BATCH)).fetchall()
 
 

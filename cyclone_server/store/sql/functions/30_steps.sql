@@ -127,10 +127,12 @@ BEGIN
                                            WHERE p.id = d.dep_id OFFSET 0) p
                       WHERE d.step_id = c.id), '{}'::jsonb),
            r.trace_context,
+           -- (a probe of cyclone_limits by name per token, whatever the plan: as a join, a
+           -- review saw a plan kept from when the table was small read every limit)
            CASE WHEN c.limit_keys IS NULL THEN false
                 ELSE EXISTS (SELECT 1 FROM unnest(c.limit_keys) AS x (t)
-                               JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t)
-                              WHERE l.rate IS NOT NULL) END
+                              WHERE (SELECT l.rate FROM cyclone_limits l
+                                      WHERE l.name = cyclone__token_limit(x.t)) IS NOT NULL) END
       FROM claimed c
      CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
      ORDER BY c.priority, c.scheduled_at, c.id;
