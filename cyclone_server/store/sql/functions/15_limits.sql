@@ -943,18 +943,20 @@ END $$;
 -- now and then: counted from the claim, such starts reached their workers beside the next
 -- window's and a worker saw more than the quota in one second. Moving `at` later only
 -- keeps a start in the window longer; a claim that counted it before the move counted it
--- all the same. Only a step's latest starts move (one per limit, all at one claim's clock);
--- an earlier one that was never pushed (its lease's worker went away first) is marked pushed
--- where it stands. A run's admission under a limit of runs is a start of the step whose
--- claim admitted it: a later lease of that step, which makes no start of its own, moves it
--- if it was never pushed (a stricter count, never a looser one). Rows that another transaction holds (the pick's
--- or the tidy's delete of a start older than its window: a push later than a whole window)
--- are left as they are. Returns how many starts were moved.
+-- all the same. Only a step's latest starts move (one per limit, all at one claim's clock),
+-- all to one moment; an earlier one that was never pushed (its lease's worker went away
+-- first) is marked pushed where it stands. A run's admission under a limit of runs is a
+-- start of the step whose claim admitted it: a later lease of that step, which makes no
+-- start of its own, moves it if it was never pushed (a stricter count, never a looser one).
+-- Rows that another transaction holds (the pick's or the tidy's delete of a start older than
+-- its window: a push later than a whole window) are left as they are. Returns how many
+-- starts were moved.
 CREATE OR REPLACE FUNCTION cyclone_limit_starts_pushed(p_ids uuid[]) RETURNS integer
 LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 DECLARE
+    pushed_at timestamptz := clock_timestamp();
     n integer;
 BEGIN
     WITH mine AS (
@@ -965,7 +967,7 @@ BEGIN
         UPDATE cyclone_limit_starts d
            SET at = CASE WHEN d.at = (SELECT max(y.at) FROM cyclone_limit_starts y
                                        WHERE y.step_id = d.step_id AND NOT y.pushed)
-                         THEN greatest(d.at, clock_timestamp()) ELSE d.at END,
+                         THEN greatest(d.at, pushed_at) ELSE d.at END,
                pushed = true
           FROM mine m
          WHERE d.ctid = m.row
