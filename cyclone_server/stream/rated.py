@@ -24,14 +24,12 @@ class RatedPushes:
         pushes = RatedPushes(engine)
         task = asyncio.create_task(pushes.run())
         pushes.add(["0190...", "0190..."])  # after the Leases message with them was written
-        await pushes.flush()  # report now what was added (run does it as soon as it can)
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._ids: list[str] = []
         self._more = asyncio.Event()
-        self._lock = asyncio.Lock()  # one report at a time: `run`'s, or `flush`'s
 
     def add(self, step_ids: Iterable[str]) -> None:
         self._ids.extend(step_ids)
@@ -43,16 +41,15 @@ class RatedPushes:
             await self.flush()
 
     async def flush(self) -> None:
-        """Report the writes added so far (and those added while waiting for the last report)."""
-        async with self._lock:
-            self._more.clear()
-            ids, self._ids = self._ids, []
-            if not ids:
-                return
-            try:
-                await self.engine.limit_starts_pushed(ids)
-            except Exception as e:  # counted from their claims: a window's strictness on the workers' clocks is all it costs
-                log.warning("reporting %d rated leases as pushed failed: %s", len(ids), e)
+        """Report the writes added so far (`run`'s only caller: one report at a time)."""
+        self._more.clear()
+        ids, self._ids = self._ids, []
+        if not ids:
+            return
+        try:
+            await self.engine.limit_starts_pushed(ids)
+        except Exception as e:  # counted from their claims: a window's strictness on the workers' clocks is all it costs
+            log.warning("reporting %d rated leases as pushed failed: %s", len(ids), e)
 
 
 __all__ = ["RatedPushes"]
