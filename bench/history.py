@@ -2,29 +2,32 @@
 
     nice -n 19 .venv/bin/python bench/history.py [--history 10000000] [--jobs 50000] [--rounds 5]
     nice -n 19 .venv/bin/python bench/history.py --embedded       # the embedded Postgres 18
-    nice -n 19 .venv/bin/python bench/history.py --parts purge    # only the purge of a day
+    nice -n 19 .venv/bin/python bench/history.py --parts purge    # only the removal of a day
 
-Two databases of one Postgres, made once and migrated: `empty`, and `history` with --history
-terminal one-step runs (completed, their output stored) that finished over the last days,
-committed 1,000,000 per transaction, then VACUUM ANALYZE and a CHECKPOINT (what autovacuum
-and the checkpointer do while history piles up). Each round, in each database in turn:
---jobs jobs committed through `cyclone_jobs_enqueue` (5,000 per call), VACUUM ANALYZE and a
-CHECKPOINT (as burst.py's backlog), then a fresh `cyclone-server` and two SDK workers x 64
-slots drain them, timed from the go to the --jobs-th finished run; then, the queue empty, a fresh
-server and one SDK worker take --latency lone jobs enqueued one at a time 10 ms apart
-(latency.py's measure): their dispatch latency, scheduled_at to handler start. It prints each
-case's rate and latency p50 / p99 per round, the medians with min and max, the ratios
-history/empty per round and their medians, the tables' and indexes' sizes, and the Postgres
-version and settings. The targets (issue 35): drain history/empty >= 0.95, latency within 5%.
+Two databases of one Postgres, made once and migrated, their days of history (migration 0014)
+laid out from --history / --day days before today (UTC): `empty`, and `history` with --history
+terminal one-step runs (completed, their output stored), --day of them on each of those days,
+made through the day (their ids carry their creation time, as the engine's do), committed
+1,000,000 per transaction, then VACUUM ANALYZE and a CHECKPOINT (what autovacuum and the
+checkpointer do while history piles up). Each round, in each database in turn: --jobs jobs
+committed through `cyclone_jobs_enqueue` (5,000 per call), VACUUM ANALYZE and a CHECKPOINT (as
+burst.py's backlog), then a fresh `cyclone-server` and two SDK workers x 64 slots drain them,
+timed from the go to the --jobs-th finished run; then, the queue empty, a fresh server and one
+SDK worker take --latency lone jobs enqueued one at a time 10 ms apart (latency.py's measure):
+their dispatch latency, scheduled_at to handler start. It prints each case's rate and latency
+p50 / p99 per round, the medians with min and max, the ratios history/empty per round and
+their medians, the tables' and indexes' sizes, and the Postgres version and settings. The
+targets (issue 35): drain history/empty >= 0.95, latency within 5%.
 
 The purge part (--parts purge), in the history database, each round: a drain of --purge-jobs
-jobs alone; another with the oldest --day runs of history purged beside it from 1 s after its
-go, as `cyclone runs purge --all` purges (calls of 1,000 runs, each a transaction); the day
-loaded again (older than the rest), purged with nothing beside, and loaded again. It prints
-the purge's seconds beside the drain and alone, and the two drains' rates over the same
-seconds after their go (those of the purge) with their ratio. The targets (issue 35): a day of
-1,000,000 runs removed in <= 10 s, the drain beside it >= 0.9 of the drain alone. The drained
-jobs stay as history (the newest), a few hundred thousand beside the millions.
+jobs alone; another with the oldest day of history (--day runs) removed beside it from 1 s
+after its go, as the retention sweep removes it (`cyclone_history_drop`: the day's partitions
+dropped, then `cyclone_history_tidy`); the day loaded again, removed with nothing beside, and
+loaded again. It prints the removal's seconds beside the drain and alone, and the two drains'
+rates over the same seconds after their go (those of the removal, at least 1 s) with their
+ratio. The targets (issue 35): a day of 1,000,000 runs removed in <= 10 s, the drain beside it
+>= 0.9 of the drain alone. The drained jobs stay as history (today's), a few hundred thousand
+beside the millions.
 
 --dsn (default the machine's Postgres 15) needs a role that may create databases and run
 CHECKPOINT. The databases are dropped at the end.
@@ -55,61 +58,103 @@ from burst import DEFAULT_DSN, External, commit_of_checkout, drain_first, enqueu
 CHUNK = 1_000_000  # terminal runs per transaction of the load
 PURGE_BATCH = 1000  # runs per purge call, as `cyclone runs purge` and the retention sweep
 
-# One-step runs of kind "work" that completed, a millisecond apart, ending an hour ago at the
-# latest; the step as the engine leaves it (leased once, its output stored).
+# One-step runs of kind "work" that completed, made through one UTC day (a day of history: the
+# day of their ids, as the engine makes them), each ending a second after it began; the step as
+# the engine leaves it (leased once, its output stored).
 INSERT_HISTORY = f"""
 WITH r AS (
     INSERT INTO cyclone_runs (id, state, input, result, created_at, updated_at, finished_at)
-    SELECT cyclone_uuid7(), 'completed', jsonb_build_object('order', i),
+    SELECT encode(set_byte(substring(int8send((extract(epoch FROM t) * 1000)::bigint) FROM 3)
+                           || substring(uuid_send(gen_random_uuid()) FROM 7), 6,
+                           112 | (get_byte(uuid_send(gen_random_uuid()), 6) & 15)), 'hex')::uuid,
+           'completed', jsonb_build_object('order', i),
            jsonb_build_object('work', jsonb_build_object('shipped', i)), t, t + interval '1 s', t + interval '1 s'
       FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS i,
-           LATERAL (SELECT %(newest)s::timestamptz - (%(total)s::bigint - i) * interval '1 ms' AS t) AS x
+           LATERAL (SELECT %(day)s::timestamptz + (i - 1) * (interval '1 day' - interval '2 s') / %(per_day)s AS t) AS x
     RETURNING id, result, created_at, finished_at)
 INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims, attempt_timeout,
                            backoff_initial, backoff_max, scheduled_at, lease_generation, lease_owner,
                            output, errors, created_at, started_at, finished_at)
-SELECT {MARK} cyclone_uuid7(), r.id, 'work', 'work', 'task', 'completed', 25, 5, interval '10 min',
+SELECT {MARK} cyclone__step_uuid(r.id), r.id, 'work', 'work', 'task', 'completed', 25, 5, interval '10 min',
        interval '1 s', interval '10 min', r.created_at, 1, 'bench-worker', r.result -> 'work', '[]'::jsonb,
        r.created_at, r.created_at, r.finished_at
   FROM r
 """
 
 SIZES = f"""
-SELECT {MARK} c.relname, pg_size_pretty(pg_table_size(c.oid)) AS table_size,
-       pg_size_pretty(pg_indexes_size(c.oid)) AS indexes_size
-  FROM pg_class c WHERE c.relname IN ('cyclone_runs', 'cyclone_steps') ORDER BY 1
+SELECT {MARK} t.name, pg_size_pretty(sum(pg_table_size(p.relid))) AS table_size,
+       pg_size_pretty(sum(pg_indexes_size(p.relid))) AS indexes_size
+  FROM unnest(ARRAY['cyclone_runs', 'cyclone_steps']) AS t (name), pg_partition_tree(t.name::regclass) p
+ WHERE p.isleaf GROUP BY t.name ORDER BY 1
 """
 
+TABLES = ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")
 
-def load_history(url: str, total: int, newest: str = "now() - interval '1 hour'") -> float:
-    """`total` terminal runs, created a millisecond apart, the newest at the SQL `newest`."""
+
+def lay_out_days(url: str, days: int) -> None:
+    """On a database just migrated (empty tables): history begins `days` days before today
+    (UTC), a partition per day from then to two days ahead (what a database that has run that
+    long holds), and the first partition all before."""
+    with psycopg.connect(url, autocommit=True) as c:
+        for (suffix,) in c.execute("SELECT suffix FROM cyclone_history_days").fetchall():
+            for t in TABLES:
+                c.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{suffix}")
+                c.execute(f"DROP TABLE {t}_{suffix}")
+        c.execute("DELETE FROM cyclone_history_days")
+        start = c.execute("SELECT cyclone__day_uuid(now() - make_interval(days => %s))", (days,)).fetchone()[0]
+        for t in TABLES:
+            c.execute(f"CREATE TABLE {t}_first (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+            c.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_first FOR VALUES FROM (MINVALUE) TO ('{start}')")
+        c.execute("INSERT INTO cyclone_history_days VALUES ('00000000-0000-0000-0000-000000000000', %s, 'first')",
+                  (start,))
+        c.execute("SELECT cyclone_history_ensure()")
+
+
+def make_day(url: str, days_ago: int) -> None:
+    """The partitions of the day `days_ago` days before today again, after it was dropped."""
+    with psycopg.connect(url, autocommit=True) as c:
+        lo, hi, suffix = c.execute(
+            "SELECT cyclone__day_uuid(d), cyclone__day_uuid(d + interval '1 day'), to_char(d, 'YYYYMMDD') "
+            "FROM (SELECT (now() AT TIME ZONE 'UTC')::date - %s AS d) x", (days_ago,)).fetchone()
+        if c.execute("SELECT 1 FROM cyclone_history_days WHERE lo = %s", (lo,)).fetchone():
+            return
+        for t in TABLES:
+            c.execute(f"CREATE TABLE {t}_{suffix} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+            c.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_{suffix} FOR VALUES FROM ('{lo}') TO ('{hi}')")
+        c.execute("INSERT INTO cyclone_history_days VALUES (%s, %s, %s)", (lo, hi, suffix))
+
+
+def load_history(url: str, total: int, per_day: int, first_day: int) -> float:
+    """`total` terminal runs, `per_day` on each day from `first_day` days before today on."""
     t = time.monotonic()
     with psycopg.connect(url, autocommit=True) as c:
-        end = c.execute(f"SELECT {MARK} {newest}").fetchone()[0]
-        for first in range(1, total + 1, CHUNK):
-            c.execute(INSERT_HISTORY, {"first": first, "last": min(first + CHUNK - 1, total), "total": total,
-                                       "newest": end})
-            note(f"  history: {min(first + CHUNK - 1, total):,} runs")
+        for d in range(0, total, per_day):
+            day = c.execute(f"SELECT {MARK} date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
+                            "- make_interval(days => %s)", (first_day - d // per_day,)).fetchone()[0]
+            for first in range(1, per_day + 1, CHUNK):
+                c.execute(INSERT_HISTORY, {"first": first, "last": min(first + CHUNK - 1, per_day),
+                                           "per_day": per_day, "day": day})
+            note(f"  history: {d + per_day:,} runs")
     settle(url)
     return time.monotonic() - t
 
 
-def purge_day(url: str, day: int, delay: float = 0.0) -> dict[str, float]:
-    """The oldest `day` runs of history deleted as `cyclone runs purge --all` deletes them:
-    calls of 1,000 runs (each its own transaction) until one deletes fewer. `delay` seconds
-    first. Each call's age is set so that only those runs are eligible."""
+def remove_day(url: str, delay: float = 0.0) -> dict[str, float]:
+    """The oldest day of history removed as the retention sweep removes it: its partitions
+    dropped (`cyclone_history_drop`, the empty days before it first), then what it left in
+    other tables (`cyclone_history_tidy`, in calls of 1,000). `delay` seconds first."""
     time.sleep(delay)
     with psycopg.connect(url, autocommit=True) as c:
-        cutoff = c.execute(f"SELECT {MARK} finished_at FROM cyclone_runs WHERE state IN ('completed', 'failed', "
-                           "'cancelled') ORDER BY finished_at OFFSET %s LIMIT 1", (day - 1,)).fetchone()[0]
-        start, deleted = time.time(), 0
+        start = time.time()
         while True:
-            n = c.execute(f"SELECT {MARK} cyclone_runs_purge(now() - %s::timestamptz, %s)",
-                          (cutoff, PURGE_BATCH)).fetchone()[0]
-            deleted += n
-            if n < PURGE_BATCH:
+            n = c.execute(f"SELECT {MARK} cyclone_history_drop(interval '1 hour', true)").fetchone()[0]
+            if n is None:
+                raise SystemExit("no day of history may go")
+            if n > 0:
                 break
-        return {"start": start, "end": time.time(), "deleted": deleted}
+        while c.execute(f"SELECT {MARK} cyclone_history_tidy(%s)", (PURGE_BATCH,)).fetchone()[0] >= PURGE_BATCH:
+            pass
+        return {"start": start, "end": time.time(), "deleted": n}
 
 
 def finished_between(url: str, start: float, end: float) -> int:
@@ -119,32 +164,35 @@ def finished_between(url: str, start: float, end: float) -> int:
                          "AND finished_at < to_timestamp(%s)", (start, end)).fetchone()[0]
 
 
-def purge_round(pg, db: str, day: int, jobs: int, timeout: float, workdir: Path) -> dict[str, float]:
-    """One round of the purge part: a drain alone, a drain with the purge of a day beside it
-    (from 1 s after the go), the day loaded again, the purge of it alone, the day loaded again.
-    The drains' rates are compared over the same seconds after their go: those of the purge."""
+def purge_round(pg, db: str, day: int, days: int, jobs: int, timeout: float, workdir: Path) -> dict[str, float]:
+    """One round of the purge part: a drain alone, a drain with the oldest day (`days` days
+    ago, `day` runs) removed beside it (from 1 s after the go), the day loaded again, removed
+    with nothing beside, loaded again. The drains' rates are compared over the same seconds
+    after their go: those of the removal, at least one."""
     url = pg.url(db)
-    reload = "(SELECT min(finished_at) FROM cyclone_runs) - interval '1 s 1 ms'"
     enqueue(url, jobs)
     settle(url)
     alone = drain_first(pg, db, jobs, timeout, workdir)
     enqueue(url, jobs)
     settle(url)
-    mixed = drain_first(pg, db, jobs, timeout, workdir, beside=lambda: purge_day(url, day, delay=1.0))
+    mixed = drain_first(pg, db, jobs, timeout, workdir, beside=lambda: remove_day(url, delay=1.0))
     p = mixed["beside"]
     if p["deleted"] != day:
-        raise SystemExit(f"the purge deleted {p['deleted']:,} runs, not {day:,}")
-    # The window: the purge's seconds, cut at the end of the shorter drain.
-    a, b = p["start"] - mixed["t0"], min(p["end"] - mixed["t0"], mixed["seconds"], alone["seconds"])
+        raise SystemExit(f"the removal took {p['deleted']:,} runs, not {day:,}")
+    # The window: the removal's seconds (at least one), cut at the end of the shorter drain.
+    a = p["start"] - mixed["t0"]
+    b = min(max(p["end"] - mixed["t0"], a + 1.0), mixed["seconds"], alone["seconds"])
     if b - a < 1:
-        raise SystemExit(f"the drains ended {b - a:.1f} s into the purge: raise --purge-jobs")
+        raise SystemExit(f"the drains ended {b - a:.1f} s into the removal: raise --purge-jobs")
     rate_alone = finished_between(url, alone["t0"] + a, alone["t0"] + b) / (b - a)
     rate_mixed = finished_between(url, mixed["t0"] + a, mixed["t0"] + b) / (b - a)
-    load_history(url, day, reload)
-    idle = purge_day(url, day)
-    load_history(url, day, reload)
-    return {"purge beside a drain, s": p["end"] - p["start"], "purge alone, s": idle["end"] - idle["start"],
-            "drain alone, jobs/s": rate_alone, "drain beside the purge, jobs/s": rate_mixed,
+    make_day(url, days)
+    load_history(url, day, day, days)
+    idle = remove_day(url)
+    make_day(url, days)
+    load_history(url, day, day, days)
+    return {"removal beside a drain, s": p["end"] - p["start"], "removal alone, s": idle["end"] - idle["start"],
+            "drain alone, jobs/s": rate_alone, "drain beside the removal, jobs/s": rate_mixed,
             "window, s": b - a}
 
 
@@ -191,13 +239,14 @@ def main() -> None:
     ap.add_argument("--latency", type=int, default=200, help="lone jobs timed per round and case (0: none)")
     ap.add_argument("--parts", default="drain,purge",
                     help="drain: beside history / none; purge: a day of history purged beside a drain")
-    ap.add_argument("--day", type=int, default=1_000_000, help="runs the purge part deletes per purge")
+    ap.add_argument("--day", type=int, default=1_000_000, help="runs of history per day (the purge part removes one)")
     ap.add_argument("--purge-jobs", type=int, default=150_000,
                     help="jobs of each drain of the purge part (it must outlast the purge)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
-    if not parts <= {"drain", "purge"} or args.day > args.history:
-        ap.error("--parts takes drain and purge; --day at most --history")
+    if not parts <= {"drain", "purge"} or args.day > args.history or args.history % args.day:
+        ap.error("--parts takes drain and purge; --history a multiple of --day")
+    days = args.history // args.day
     if args.rounds < MIN_ROUNDS:
         note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
     with tempfile.TemporaryDirectory(prefix="cyclone-history-") as tmp:
@@ -212,13 +261,15 @@ def main() -> None:
             for case, db in dbs.items():
                 url = create_db(pg, db)
                 migrate(url)
+                lay_out_days(url, days + 1)  # (the day before the first of history: empty)
                 if case == "history":
-                    note(f"history: loading {args.history:,} terminal runs and steps")
-                    note(f"history: loaded and settled in {load_history(url, args.history):.0f} s")
+                    note(f"history: loading {args.history:,} terminal runs and steps over {days} days")
+                    took = load_history(url, args.history, args.day, days)
+                    note(f"history: loaded and settled in {took:.0f} s")
             if "drain" in parts:
                 drain_part(pg, dbs, args, settings, workdir)
             if "purge" in parts:
-                purge_part(pg, dbs["history"], args, settings, workdir)
+                purge_part(pg, dbs["history"], args, days, settings, workdir)
         finally:
             with psycopg.connect(pg.url(), autocommit=True) as c:
                 for db in dbs.values():
@@ -227,18 +278,18 @@ def main() -> None:
                 pg.stop()
 
 
-def purge_part(pg, db: str, args: argparse.Namespace, settings: str, workdir: Path) -> None:
+def purge_part(pg, db: str, args: argparse.Namespace, days: int, settings: str, workdir: Path) -> None:
     rounds = []
     for r in range(args.rounds):
-        rounds.append(purge_round(pg, db, args.day, args.purge_jobs, args.timeout, workdir))
+        rounds.append(purge_round(pg, db, args.day, days, args.purge_jobs, args.timeout, workdir))
         note(f"purge round {r + 1}: " + ", ".join(f"{k} {v:,.1f}" for k, v in rounds[-1].items()))
-    print(f"\npurge: the oldest {args.day:,} of {args.history:,} terminal runs deleted in calls of "
-          f"{PURGE_BATCH:,}, alone and beside a drain of {args.purge_jobs:,} jobs (2 workers x 64 slots; rates "
-          f"over the purge's seconds), {len(rounds)} rounds, commit {commit_of_checkout()}, "
+    print(f"\npurge: the oldest day of history ({args.day:,} of {args.history:,} terminal runs) removed as the "
+          f"retention sweep removes it, alone and beside a drain of {args.purge_jobs:,} jobs (2 workers x 64 slots; "
+          f"rates over the removal's seconds), {len(rounds)} rounds, commit {commit_of_checkout()}, "
           f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(settings)
     rows = [[k, *[f"{x[k]:,.1f}" for x in rounds], fmt_spread([x[k] for x in rounds], "{:,.1f}")] for k in rounds[0]]
-    ratios = [x["drain beside the purge, jobs/s"] / x["drain alone, jobs/s"] for x in rounds]
+    ratios = [x["drain beside the removal, jobs/s"] / x["drain alone, jobs/s"] for x in rounds]
     rows.append(["drain beside / alone", *[f"{x:.2f}" for x in ratios], fmt_spread(ratios, "{:.2f}")])
     print_rows(["", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"], rows)
 

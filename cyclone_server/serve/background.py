@@ -22,6 +22,11 @@ RETENTION_MAX_BATCHES = 20  # per pass, so one pass never holds the database for
 SETTLE_MIN_INTERVAL = 0.05
 # Flow control's rows of idle keys are tidied this often (Engine.tidy_limits), in batches.
 LIMITS_TIDY_INTERVAL = 60.0
+# The coming days of history are made this often (migrate makes them at start too): two
+# days ahead, so inserts find their day even after a long pause.
+HISTORY_ENSURE_INTERVAL = 600.0
+# At most this many days of history dropped per retention pass (each one lock of the tables).
+HISTORY_MAX_DROPS = 4
 LIMITS_TIDY_BATCH = 1000
 
 
@@ -35,7 +40,12 @@ class Background:
       the next sweep, even when the call that ended the child could not settle it;
     - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
       runs older than `retention_default_age` (per-step retention honoured) in bounded batches;
-    - every LIMITS_TIDY_INTERVAL: flow control's rows of idle keys removed (Engine.tidy_limits).
+    - every LIMITS_TIDY_INTERVAL: flow control's rows of idle keys removed (Engine.tidy_limits);
+    - every HISTORY_ENSURE_INTERVAL: the coming days of history made (Engine.ensure_history).
+
+    The retention sweep first drops whole days of history whose runs may all go
+    (Engine.drop_history_day), deletes what they leave in other tables (Engine.tidy_history),
+    then purges what remains eligible run by run.
 
     Every pass is guarded: a failing pass (say, a lost database connection) is logged and
     the next interval tries again. Several servers may run this at once: every statement
@@ -78,6 +88,8 @@ class Background:
             asyncio.create_task(self._settle_loop(), name="cyclone-settle"),
             asyncio.create_task(self._every(LIMITS_TIDY_INTERVAL, self._tidy_limits, "limits tidy"),
                                 name="cyclone-limits-tidy"),
+            asyncio.create_task(self._every(HISTORY_ENSURE_INTERVAL, self._ensure_history, "history days"),
+                                name="cyclone-history-days"),
         ]
         if self.retention_interval:
             self._tasks.append(asyncio.create_task(
@@ -147,7 +159,21 @@ class Background:
             if n < LIMITS_TIDY_BATCH:
                 return
 
+    async def _ensure_history(self) -> None:
+        made = await self.engine.ensure_history()
+        if made:
+            log.info("history: made %d day(s) ahead", made)
+
     async def _retention(self) -> None:
+        for _ in range(HISTORY_MAX_DROPS):
+            n = await self.engine.drop_history_day(self.retention_default_age)
+            if n is None or n < 0:  # no day may go; or one may, and the next pass tries again
+                break
+            self.counts["purged"] += n
+            log.info("retention: dropped a day of history (%d runs)", n)
+        for _ in range(RETENTION_MAX_BATCHES):
+            if await self.engine.tidy_history(RETENTION_BATCH) < RETENTION_BATCH:
+                break
         for _ in range(RETENTION_MAX_BATCHES):
             n = await self.engine.purge(self.retention_default_age, limit=RETENTION_BATCH, sweep=True)
             self.counts["purged"] += n

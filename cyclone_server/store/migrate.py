@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
+import time
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 
@@ -75,12 +78,18 @@ def migrate(conninfo: str) -> list[str]:
         try:
             conn.execute(_BOOKKEEPING)
             done = dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
+            if _HISTORY not in done:
+                _prepare_history(conn)
             # Every file in one transaction: servers still running (a rolling upgrade) see the
             # old schema with the old functions, then the new schema with the new functions,
             # never a migrated table under functions written for the one before; and a file
             # that fails leaves the database as it was.
             with conn.transaction():
                 applied = _apply_pending(conn, done)
+            # The coming days of history (migration 0014), so a server that starts can
+            # insert; its Background makes them again as days pass.
+            if conn.execute("SELECT to_regproc('cyclone_history_ensure') IS NOT NULL").fetchone()[0]:
+                conn.execute("SELECT cyclone_history_ensure()")
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK_KEY,))
     return applied
@@ -107,6 +116,8 @@ def _apply_pending(conn: psycopg.Connection, done: dict[str, str]) -> list[str]:
             continue
         _apply(conn, f, f.name)
         applied.append(f.name)
+    if applied:  # a migration may ask for every function file again (0014 does)
+        done = dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
     if newer:
         log.warning("the database was migrated by a newer release (%s): its SQL functions are kept", ", ".join(newer))
         return applied
@@ -131,3 +142,82 @@ def _record(conn: psycopg.Connection, key: str, checksum: str) -> None:
         "ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()",
         (key, checksum),
     )
+
+
+_HISTORY = "0014_history_partitions.sql"
+
+# What 0014 needs done outside its transaction, so that the table lock it takes stays short
+# (the migration's comment says why): plain copies of three unique indexes, built without
+# blocking writes, and a valid CHECK constraint that proves the first partition's bound.
+_PLAIN_INDEXES = {
+    "cyclone_runs_idempotency_any":
+        "ON cyclone_runs (idempotency_key) WHERE idempotency_key IS NOT NULL",
+    "cyclone_runs_schedule_fire_any":
+        "ON cyclone_runs (schedule_name, schedule_fire_at) WHERE schedule_name IS NOT NULL",
+    "cyclone_steps_run_node": "ON cyclone_steps (run_id, node)",
+}
+_BOUND_KEYS = {"cyclone_runs": "id", "cyclone_steps": "id", "cyclone_step_deps": "step_id"}
+_BOUND_OF = (
+    "SELECT substring(pg_get_constraintdef(c.oid) FROM '''([0-9a-f-]{36})''')::uuid, c.convalidated"
+    " FROM pg_constraint c WHERE c.conrelid = %s::regclass AND c.conname = %s"
+)
+# The short locks these statements take wait at most this long, each tried this many times:
+# a waiting lock request holds up every statement behind it.
+_PREPARE_LOCK_TIMEOUT = "2s"
+_PREPARE_TRIES = 5
+
+
+def day_uuid(day: dt.date) -> uuid.UUID:
+    """The uuid that starts a UTC day: that day's first millisecond in its first 48 bits,
+    the rest zero (SQL cyclone__day_uuid)."""
+    ms = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp()) * 1000
+    return uuid.UUID(bytes=ms.to_bytes(6, "big") + bytes(10))
+
+
+def _prepare_history(conn: psycopg.Connection) -> None:
+    """Before migration 0014 on a database with plain tables: its plain indexes, built
+    CONCURRENTLY, and its bound, as constraints added NOT VALID then validated (a read
+    that blocks no write). Each statement is its own transaction, and is skipped when done
+    already, so a migrator that stopped half way goes on where it was."""
+    kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass('cyclone_runs')").fetchone()
+    if kind is None or kind[0] != "r":
+        return
+    conn.execute(f"SET lock_timeout = '{_PREPARE_LOCK_TIMEOUT}'")
+    try:
+        for name, rest in _PLAIN_INDEXES.items():
+            row = conn.execute("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+                               (name,)).fetchone()
+            if row is not None and not row[0]:  # a build that was stopped
+                _retried(conn, f"DROP INDEX CONCURRENTLY {name}")
+                row = None
+            if row is None:
+                _retried(conn, f"CREATE INDEX CONCURRENTLY {name} {rest}")
+        # The first partition holds every id before the day after tomorrow (UTC): at least
+        # a day for the migration to run after its preparation.
+        today = dt.datetime.now(dt.timezone.utc).date()
+        bound, least = day_uuid(today + dt.timedelta(days=2)), day_uuid(today + dt.timedelta(days=1))
+        for table, key in _BOUND_KEYS.items():
+            name = f"{table}_before_partitions"
+            row = conn.execute(_BOUND_OF.encode(), (table, name)).fetchone()
+            if row is not None and row[0] < least:  # prepared long ago
+                _retried(conn, f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+                row = None
+            if row is None:
+                _retried(conn, f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({key} < '{bound}') NOT VALID")
+                row = (bound, False)
+            if not row[1]:
+                _retried(conn, f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
+    finally:
+        conn.execute("RESET lock_timeout")
+
+
+def _retried(conn: psycopg.Connection, statement: str) -> None:
+    for attempt in range(_PREPARE_TRIES):
+        try:
+            conn.execute(statement.encode())
+            return
+        except psycopg.errors.LockNotAvailable:
+            if attempt == _PREPARE_TRIES - 1:
+                raise
+            log.info("migration 0014's preparation waits for a lock: %s", statement)
+            time.sleep(1.0)

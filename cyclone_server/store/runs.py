@@ -254,6 +254,26 @@ class RunStore(Core):
         row = await self._one("runs_purge", age=seconds(older_than), limit=limit, sweep=sweep)
         return row["deleted"]  # type: ignore[index]
 
+    async def drop_history_day(self, older_than: float | timedelta | None) -> int | None:
+        """The retention sweep's first part: drop the oldest day of history (before today,
+        UTC) whose runs are all eligible, as whole partitions (65_history.sql). Returns how
+        many runs went with it (0: an empty day); -1 when a day may go but its lock was not
+        had at once (try again later); None when no day may go."""
+        row = await self._one("history_drop", age=seconds(older_than))
+        return row["dropped"]  # type: ignore[index]
+
+    async def tidy_history(self, limit: int = 1000) -> int:
+        """Delete at most `limit` signals and child runs left by dropped days (their runs
+        went with the day); returns how many."""
+        row = await self._one("history_tidy", limit=limit)
+        return row["deleted"]  # type: ignore[index]
+
+    async def ensure_history(self) -> int:
+        """Make the coming days of history (today and two days ahead, UTC); returns how
+        many it made."""
+        row = await self._one("history_ensure")
+        return row["made"]  # type: ignore[index]
+
     async def purge_count(self, older_than: float | timedelta) -> int:
         """How many runs PurgeTerminalRuns with `older_than` would delete now (its dry run)."""
         row = await self._one("runs_purge_count", age=seconds(older_than))

@@ -178,12 +178,11 @@ async def test_a_server_killed_mid_fire_leaves_the_fire_time_to_the_next_server(
         made = await schedules_pb2_grpc.SchedulesStub(ch).CreateSchedule(schedules_pb2.CreateScheduleRequest(
             name="crash", settings=job_settings(3, catchup_window=duration_pb2.Duration(seconds=600))))
     fire_at = made.schedule.next_fire_at.ToDatetime(tzinfo=timezone.utc)
-    # Hold the run's (schedule, fire time) key in an open transaction: the server's fire
-    # blocks on it inside its transaction, after it has moved the schedule on.
+    # Hold flow control's settings lock in an open transaction: the server's fire blocks on it
+    # inside its transaction, after it has moved the schedule on, when it makes the run.
     with psycopg.connect(db_url) as blocker:
-        blocker.execute("INSERT INTO cyclone_runs (id, state, schedule_name, schedule_fire_at)"
-                        " VALUES (gen_random_uuid(), 'cancelled', 'crash', %s)", (fire_at,))
-        pid = await until(lambda: _fire_blocked(db_url), "the fire blocked on the run's unique key", DEADLINE)
+        blocker.execute("SELECT pg_advisory_xact_lock(hashtextextended('cyclone.limits', 0))")
+        pid = await until(lambda: _fire_blocked(db_url), "the fire blocked making its run", DEADLINE)
         first.kill()  # SIGKILL, mid-fire
         with psycopg.connect(db_url, autocommit=True) as c:  # the host is gone: so is its session
             c.execute("SELECT pg_terminate_backend(%s)", (pid,))

@@ -77,6 +77,15 @@ async def nested_plans(conn: psycopg.AsyncConnection, sql: str, *params: Any,
     return plans
 
 
+async def partition_parents(conn: psycopg.AsyncConnection) -> dict[str, str]:
+    """The name of each partition of a table or index (the days of history, migration 0014)
+    to its parent's: a plan names the partitions it reads."""
+    rows = await fetch(conn, "SELECT i.inhrelid::regclass::text AS part, i.inhparent::regclass::text AS parent "
+                             "FROM pg_inherits i")
+    return {r["part"]: r["parent"] for r in rows}
+
+
+
 def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """A plan's nodes, depth first."""
     out = [plan]

@@ -244,3 +244,34 @@ async def test_the_state_machine_works_on_migrated_rows(landed_url: str) -> None
             assert [w["worker_id"] for w in await engine.list_workers()] == ["landed-worker"]
     finally:
         await engine.close()
+
+
+def test_history_partitions_take_the_tables_as_they_are_after_a_preparation_that_blocks_no_write(
+        landed_url: str) -> None:
+    """Migration 0014 turns the tables into partitioned ones under a short lock: the plain
+    indexes it keeps were built beforehand, concurrently, and the bound of the first
+    partition proven by a constraint validated beforehand, so the migration builds no index
+    and reads no table. A write between the preparation and the migration is kept."""
+    with psycopg.connect(landed_url, autocommit=True) as conn:
+        migrate_module._prepare_history(conn)
+        prepared = dict(conn.execute(
+            "SELECT c.relname, c.oid FROM pg_class c WHERE c.relname = ANY (%s)",
+            (list(migrate_module._PLAIN_INDEXES),)).fetchall())
+        valid = conn.execute("SELECT count(*) FROM pg_constraint WHERE conname LIKE '%%_before_partitions' "
+                             "AND convalidated").fetchone()[0]
+        runs = conn.execute("SELECT count(*) FROM cyclone_runs").fetchone()[0]
+        conn.execute("INSERT INTO cyclone_runs (id, state) VALUES (cyclone_uuid7(), 'completed')")
+    assert set(prepared) == set(migrate_module._PLAIN_INDEXES) and valid == 3
+
+    migrate(landed_url)
+
+    with psycopg.connect(landed_url, autocommit=True) as conn:
+        for name, oid in prepared.items():  # the same index, now the first partition's
+            row = conn.execute("SELECT c.relname, c.relispartition FROM pg_class c WHERE c.oid = %s", (oid,)).fetchone()
+            assert row == (f"first_{name}", True), (name, row)
+        assert conn.execute("SELECT count(*) FROM cyclone_runs_first").fetchone()[0] == runs + 1
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conname LIKE '%%_before_partitions'"
+                            ).fetchone()[0] == 0
+        kinds = dict(conn.execute("SELECT relname, relkind FROM pg_class WHERE relname IN "
+                                  "('cyclone_runs', 'cyclone_steps', 'cyclone_step_deps')").fetchall())
+        assert kinds == {"cyclone_runs": "p", "cyclone_steps": "p", "cyclone_step_deps": "p"}

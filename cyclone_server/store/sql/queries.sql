@@ -118,6 +118,15 @@ SELECT signal_id, consumed_by FROM cyclone_run_signal(%(run_id)s, %(name)s, %(pa
 -- name: runs_purge
 SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 
+-- name: history_drop
+SELECT cyclone_history_drop(%(age)s, true) AS dropped;
+
+-- name: history_tidy
+SELECT cyclone_history_tidy(%(limit)s) AS deleted;
+
+-- name: history_ensure
+SELECT cyclone_history_ensure() AS made;
+
 -- name: runs_purge_count
 SELECT cyclone_runs_purge_count(%(age)s) AS eligible;
 

@@ -26,6 +26,25 @@ BEGIN
     RETURN encode(b, 'hex')::uuid;
 END $$;
 
+-- A step's id: its run's first 64 bits (the run's creation time, to a fraction of a
+-- millisecond), then 64 random bits. A step then falls in its run's day of history
+-- (migration 0014: both tables are partitioned by the time in their ids), and steps sort
+-- in the order of their runs, as the claim's FIFO tie-break expects.
+CREATE OR REPLACE FUNCTION cyclone__step_uuid(p_run uuid) RETURNS uuid
+LANGUAGE sql VOLATILE AS $$
+    SELECT encode(substring(uuid_send(p_run) FROM 1 FOR 8) || substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8),
+                  'hex')::uuid
+$$;
+
+-- The uuid that starts the UTC day of p_at: its first 48 bits that day's first millisecond,
+-- the rest zero, so every uuid7 made that day sorts at or after it (migration 0014 made it
+-- first; the bounds of the days of history).
+CREATE OR REPLACE FUNCTION cyclone__day_uuid(p_at timestamptz) RETURNS uuid
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT encode(substring(int8send((extract(epoch FROM date_trunc('day', p_at AT TIME ZONE 'UTC'))::bigint * 1000)) FROM 3)
+                  || '\x00000000000000000000'::bytea, 'hex')::uuid
+$$;
+
 -- The delay after the n-th failed execution (docs/lifecycle.md, "Retries and backoff"): min(max, initial * 2^(n-1)), so the
 -- first retry waits `initial`, with +-10% jitter that never takes it above `max`. In seconds
 -- (float) until capped: initial * 2^40 as an interval overflows for initial >= ~2 h.
@@ -504,7 +523,7 @@ BEGIN
         id, run_id, node, position, kind, type, state, priority, scheduled_at, max_attempts, max_reclaims,
         attempt_timeout, backoff_initial, backoff_max, on_dep_failure, retention, sleep_for,
         signal_name, child_workflow, max_wait, wait_started_at, timer_at, max_wait_at, limit_keys)
-    SELECT cyclone_uuid7(), r.id, n ->> 'id', ord - 1, n ->> 'kind', n ->> 'type',
+    SELECT cyclone__step_uuid(r.id), r.id, n ->> 'id', ord - 1, n ->> 'kind', n ->> 'type',
            CASE WHEN ready THEN cyclone__entry_state(n ->> 'type') ELSE 'pending' END,
            COALESCE((n ->> 'priority')::integer, p_priority),
            COALESCE(p_scheduled_at, now()),

@@ -114,8 +114,8 @@ END $$;
 -- Standalone jobs without idempotency keys, set-based: every run in one INSERT, every step
 -- in another, the same rows cyclone__run_create writes for a one-node run whose node is a
 -- task (a run 'running'; its step 'available' from scheduled_at, or now). Ids are made in
--- array order, run then step, as the loop below makes them. Called by cyclone_jobs_enqueue
--- only when every job qualifies. PL/pgSQL, one statement: its plan is kept from call to call
+-- array order, as the loop below makes them (a step's from its run's: cyclone__step_uuid).
+-- Called by cyclone_jobs_enqueue only when every job qualifies. PL/pgSQL, one statement: its plan is kept from call to call
 -- (as a SQL function it was planned at every call, about a tenth of a 100-job call's time).
 CREATE OR REPLACE FUNCTION cyclone__jobs_create(p_jobs jsonb)
 RETURNS TABLE (idx integer, run_id uuid, step_id uuid)
@@ -133,7 +133,7 @@ BEGIN
     ), lk AS MATERIALIZED (
         SELECT COALESCE(array_agg(DISTINCT l.kind), '{}') AS kinds FROM lim l
     ), j AS MATERIALIZED (
-        SELECT x.*,
+        SELECT x.*, cyclone__step_uuid(x.rid) AS sid,
                CASE WHEN jsonb_typeof(x.n -> 'limits') = 'array'
                     THEN cyclone__step_tokens(x.n, x.input, NULL)
                     WHEN x.n ->> 'kind' = ANY (lk.kinds)
@@ -147,7 +147,7 @@ BEGIN
                             FROM lim l WHERE l.kind = x.n ->> 'kind')
                END AS toks
           FROM (SELECT (t.ord - 1)::integer AS i, t.e -> 'node' AS n, t.e, COALESCE(t.e -> 'input', 'null'::jsonb) AS input,
-                       cyclone_uuid7() AS rid, cyclone_uuid7() AS sid
+                       cyclone_uuid7() AS rid
                   FROM jsonb_array_elements(p_jobs) WITH ORDINALITY AS t (e, ord)
                  ORDER BY t.ord) x
          CROSS JOIN lk

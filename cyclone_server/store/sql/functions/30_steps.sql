@@ -553,7 +553,10 @@ BEGIN
           FROM b
          WHERE s.id = b.sid AND b.answers = 1 AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
            AND s.run_id = ANY (plain)
-           AND NOT EXISTS (SELECT 1 FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id OFFSET 0)
+           -- (a scalar subquery, an index probe per step: the steps table is partitioned by
+           -- day (migration 0014), and an anti-join over its days was planned as a hash of
+           -- every day's (run_id, node) index)
+           AND (SELECT o.id FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id LIMIT 1) IS NULL
         RETURNING s.run_id, s.node, s.output, b.i, b.sid, b.gen
     ), ended AS (
         UPDATE cyclone_runs r
@@ -602,6 +605,9 @@ BEGIN
           FROM j, whole
          WHERE s.id = j.sid AND j.run_id = whole.run_id AND s.run_id = j.run_id
            AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
+           -- The steps by id, as an array: the table is partitioned by day (migration 0014),
+           -- and a join to the days was planned, on small tables, as a hash of all of them.
+           AND s.id = ANY (ARRAY(SELECT j.sid FROM j))
         RETURNING s.id, s.run_id, j.i
     )
     SELECT array_agg(d.i), array_agg(d.id), array_agg(DISTINCT d.run_id) INTO dag, dag_steps, dag_runs

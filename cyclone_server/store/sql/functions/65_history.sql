@@ -1,0 +1,180 @@
+-- Days of history: the partitions of cyclone_runs, cyclone_steps and cyclone_step_deps
+-- (migration 0014), made ahead of time and dropped whole once every run in them may go.
+--
+-- cyclone_history_days lists the days: [lo, hi) of ids, and the suffix of the three
+-- partitions' names (cyclone_runs_<suffix>, ...); the first partition, of every id before
+-- the day migration 0014 chose, has lo = the nil uuid and the suffix 'first'. Changes to the
+-- list are made under one advisory lock, so several servers may call these at once.
+
+-- A uuid's UTC day: the day of the millisecond in its first 48 bits.
+CREATE OR REPLACE FUNCTION cyclone__uuid_day(p_id uuid) RETURNS date
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (to_timestamp((('x' || substr(replace(p_id::text, '-', ''), 1, 12))::bit(48)::bigint) / 1000.0)
+            AT TIME ZONE 'UTC')::date
+$$;
+
+-- Make the days from the end of the last one to p_days_ahead days after today (UTC), each
+-- as three empty tables attached to their parents: the tables take the parents' columns,
+-- constraints and indexes, and the storage settings (autovacuum's, migration 0004) of the
+-- day before. Attaching an empty table takes the parent's SHARE UPDATE EXCLUSIVE lock,
+-- which no claim, result or submit waits for. Returns how many days it made.
+CREATE OR REPLACE FUNCTION cyclone_history_ensure(p_days_ahead integer DEFAULT 2)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    goal uuid := cyclone__day_uuid(now() + make_interval(days => p_days_ahead + 1));
+    last cyclone_history_days;
+    day date;
+    suffix text;
+    hi uuid;
+    t text;
+    opts text[];
+    made integer := 0;
+BEGIN
+    IF (SELECT d.hi FROM cyclone_history_days d ORDER BY d.hi DESC LIMIT 1) >= goal THEN
+        RETURN 0;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended('cyclone.history', 0));
+    LOOP
+        SELECT * INTO last FROM cyclone_history_days d ORDER BY d.hi DESC LIMIT 1;
+        EXIT WHEN last.hi >= goal;
+        day := cyclone__uuid_day(last.hi);
+        suffix := to_char(day, 'YYYYMMDD');
+        hi := cyclone__day_uuid((day + 1)::timestamp AT TIME ZONE 'UTC');
+        FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
+            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
+                           t || '_' || suffix, t);
+            SELECT c.reloptions INTO opts FROM pg_class c WHERE c.oid = to_regclass(t || '_' || last.suffix);
+            IF opts IS NOT NULL THEN
+                EXECUTE format('ALTER TABLE %I SET (%s)', t || '_' || suffix, array_to_string(opts, ', '));
+            END IF;
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           t, t || '_' || suffix, last.hi, hi);
+        END LOOP;
+        INSERT INTO cyclone_history_days (lo, hi, suffix) VALUES (last.hi, hi, suffix);
+        made := made + 1;
+    END LOOP;
+    RETURN made;
+END $$;
+
+-- Whether every run of a day may go now, as cyclone_runs_purge would pick it or take it with
+-- its parent (60_retention.sql): terminal, old enough, and either top-level, a child of a run
+-- of the same day (which goes too), or one cyclone_runs_purge would pick on its own. Reads the
+-- whole day once (cheap checks by index first); returns the number of its runs, or NULL when
+-- one of them must stay.
+CREATE OR REPLACE FUNCTION cyclone__history_day_due(p_day cyclone_history_days, p_age interval, p_sweep boolean)
+RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    part text := 'cyclone_runs_' || p_day.suffix;
+    n bigint;
+    blocked boolean;
+BEGIN
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))', part)
+       INTO blocked;
+    IF blocked THEN
+        RETURN NULL;
+    END IF;
+    IF p_age IS NOT NULL THEN  -- the newest end first (cyclone_runs_finished)
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
+                       ' AND r.finished_at > now() - $1)', part) USING p_age INTO blocked;
+        IF blocked THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    EXECUTE format(
+        'SELECT count(*), bool_or(NOT (r.state IN (''completed'', ''failed'', ''cancelled'')'
+        '   AND cyclone__purge_due(r.finished_at, r.retention, $1, $2)'
+        '   AND (r.parent_run_id IS NULL OR (r.parent_run_id >= $3 AND r.parent_run_id < $4)'
+        '        OR cyclone__purge_alone(r.parent_run_id, $1, $2))))'
+        '  FROM %I r', part)
+       USING p_age, p_sweep, p_day.lo, p_day.hi INTO n, blocked;
+    IF blocked THEN
+        RETURN NULL;
+    END IF;
+    RETURN n;
+END $$;
+
+-- The retention sweep's first part: drop the oldest day before today (UTC) whose runs may all
+-- go (cyclone__history_day_due, with cyclone_runs_purge's p_age and p_sweep), as whole
+-- partitions: its runs, steps and edges. Returns how many runs went with it (0: an empty day);
+-- -1 when a day may go but the lock was not had within p_lock_wait (try again later); NULL
+-- when no day may go.
+--
+-- Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which every claim and
+-- result waits for, and which waits for every transaction using the parent. The day is read
+-- before (no lock but the readers'), so the lock is held only to check again, by index, that
+-- no run went back to running meanwhile (a Retry), and to drop the tables: milliseconds, and
+-- at most p_lock_wait more while it waits. The day's signals, and the child runs of its runs
+-- made on later days, are deleted afterwards by cyclone_history_tidy (the range is noted in
+-- cyclone_history_dropped): between the two, such a child run is listed without its parent.
+CREATE OR REPLACE FUNCTION cyclone_history_drop(p_age interval, p_sweep boolean DEFAULT true,
+                                                p_lock_wait interval DEFAULT '100 ms')
+RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    d cyclone_history_days;
+    n bigint;
+    back boolean;
+    t text;
+    wait text;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
+        RETURN -1;  -- another server makes or drops days now
+    END IF;
+    FOR d IN SELECT * FROM cyclone_history_days x WHERE x.hi <= cyclone__day_uuid(now()) ORDER BY x.lo LOOP
+        n := cyclone__history_day_due(d, p_age, p_sweep);
+        CONTINUE WHEN n IS NULL;
+        wait := current_setting('lock_timeout');
+        BEGIN
+            PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
+            LOCK TABLE ONLY cyclone_runs, cyclone_steps, cyclone_step_deps IN ACCESS EXCLUSIVE MODE;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN -1;
+        END;
+        PERFORM set_config('lock_timeout', wait, true);
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
+                       'cyclone_runs_' || d.suffix) INTO back;
+        IF back THEN  -- a Retry came in between: the next sweep reads the day again
+            RETURN NULL;
+        END IF;
+        FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
+            EXECUTE format('ALTER TABLE %I DETACH PARTITION %I', t, t || '_' || d.suffix);
+            EXECUTE format('DROP TABLE %I', t || '_' || d.suffix);
+        END LOOP;
+        DELETE FROM cyclone_history_days x WHERE x.lo = d.lo;
+        INSERT INTO cyclone_history_dropped (lo, hi) VALUES (d.lo, d.hi) ON CONFLICT (lo) DO NOTHING;
+        RETURN n;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
+-- After cyclone_history_drop: delete at most p_limit of the dropped days' signals and of the
+-- child runs of their runs (made on later days; each with its own rows and child runs, by
+-- migration 0012's trigger). A dropped day whose ranges are empty leaves the list. Returns
+-- how many rows it deleted.
+CREATE OR REPLACE FUNCTION cyclone_history_tidy(p_limit integer)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    d cyclone_history_dropped;
+    n bigint := 0;
+    k bigint;
+BEGIN
+    FOR d IN SELECT * FROM cyclone_history_dropped x ORDER BY x.lo LOOP
+        DELETE FROM cyclone_signals s
+         WHERE s.id IN (SELECT x.id FROM cyclone_signals x WHERE x.run_id >= d.lo AND x.run_id < d.hi
+                         LIMIT p_limit - n);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        n := n + k;
+        EXIT WHEN n >= p_limit;
+        DELETE FROM cyclone_runs r
+         WHERE r.id IN (SELECT x.id FROM cyclone_runs x
+                         WHERE x.parent_run_id >= d.lo AND x.parent_run_id < d.hi
+                         LIMIT p_limit - n FOR UPDATE SKIP LOCKED);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        n := n + k;
+        EXIT WHEN n >= p_limit;
+        DELETE FROM cyclone_history_dropped x
+         WHERE x.lo = d.lo
+           AND NOT EXISTS (SELECT 1 FROM cyclone_signals s WHERE s.run_id >= d.lo AND s.run_id < d.hi)
+           AND NOT EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.parent_run_id >= d.lo AND r.parent_run_id < d.hi);
+    END LOOP;
+    RETURN n;
+END $$;

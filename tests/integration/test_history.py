@@ -1,0 +1,229 @@
+"""Days of history (migration 0014, 65_history.sql): runs, steps and edges partitioned by the
+day in their ids; a day whose runs may all go is dropped whole, the rest is purged run by run."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import psycopg
+import pytest
+from engine_helpers import fetch, fetch_one, finish, start, task
+
+from cyclone_server.records import Job
+from cyclone_server.store.engine import Engine
+
+pytestmark = pytest.mark.statemachine
+
+DAY_MS = 86_400_000
+
+# uuid u with `ms` milliseconds taken off the time in its first 48 bits (the rest kept).
+SHIFT = """
+CREATE OR REPLACE FUNCTION pg_temp.shift(u uuid, ms bigint) RETURNS uuid LANGUAGE sql IMMUTABLE AS $$
+    SELECT encode(substring(int8send(('x' || substr(replace(u::text, '-', ''), 1, 12))::bit(48)::bigint - ms) FROM 3)
+                  || substring(uuid_send(u) FROM 7), 'hex')::uuid
+$$"""
+
+
+async def history_from(conn, days_ago: int) -> None:
+    """Lay the (empty) tables out as if history began `days_ago` days ago (UTC): a first
+    partition of everything before that day, then one partition per day to two days ahead."""
+    for row in await fetch(conn, "SELECT suffix FROM cyclone_history_days"):
+        for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
+            await conn.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{row['suffix']}")
+            await conn.execute(f"DROP TABLE {t}_{row['suffix']}")
+    await conn.execute("DELETE FROM cyclone_history_days")
+    start = (await fetch_one(conn, "SELECT cyclone__day_uuid(now() - make_interval(days => %s)) AS u", days_ago))["u"]
+    for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
+        await conn.execute(f"CREATE TABLE {t}_first (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+        await conn.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_first FOR VALUES FROM (MINVALUE) TO ('{start}')")
+    await conn.execute("INSERT INTO cyclone_history_days VALUES ('00000000-0000-0000-0000-000000000000', %s, "
+                       "'first')", (start,))
+    made = (await fetch_one(conn, "SELECT cyclone_history_ensure() AS n"))["n"]
+    assert made == days_ago + 3
+
+
+async def move_back(conn, run_ids: list[str], days: int, finished_days_ago: float | None = None) -> list[str]:
+    """Move whole runs (steps, edges, signals and references to them) `days` days back in
+    their ids, as if made then; returns their new ids. With `finished_days_ago`, they
+    finished that long ago."""
+    ms = days * DAY_MS
+    await conn.execute(SHIFT)
+    ids = list(run_ids)
+    await conn.execute("UPDATE cyclone_steps SET id = pg_temp.shift(id, %s), run_id = pg_temp.shift(run_id, %s) "
+                       "WHERE run_id = ANY (%s::uuid[])", (ms, ms, ids))
+    await conn.execute("UPDATE cyclone_steps SET child_run_id = pg_temp.shift(child_run_id, %s) "
+                       "WHERE child_run_id = ANY (%s::uuid[])", (ms, ids))
+    await conn.execute("UPDATE cyclone_step_deps SET step_id = pg_temp.shift(step_id, %s), "
+                       "dep_id = pg_temp.shift(dep_id, %s), run_id = pg_temp.shift(run_id, %s) "
+                       "WHERE run_id = ANY (%s::uuid[])", (ms, ms, ms, ids))
+    await conn.execute("UPDATE cyclone_signals SET run_id = pg_temp.shift(run_id, %s) WHERE run_id = ANY (%s::uuid[])",
+                       (ms, ids))
+    await conn.execute("UPDATE cyclone_runs SET parent_run_id = pg_temp.shift(parent_run_id, %s) "
+                       "WHERE parent_run_id = ANY (%s::uuid[])", (ms, ids))
+    rows = await fetch(conn, "UPDATE cyclone_runs SET id = pg_temp.shift(id, %s) WHERE id = ANY (%s::uuid[]) "
+                             "RETURNING id", ms, ids)
+    moved = [str(r["id"]) for r in rows]
+    if finished_days_ago is not None:
+        await conn.execute("UPDATE cyclone_runs SET finished_at = now() - make_interval(secs => %s) "
+                           "WHERE id = ANY (%s::uuid[])", (finished_days_ago * 86400, moved))
+    return moved
+
+
+async def drop_to_runs(engine: Engine) -> int | None:
+    """Drop days until one with runs went (the empty days before it go first): its runs."""
+    while True:
+        n = await engine.drop_history_day(86400.0)
+        if n != 0:
+            return n
+
+
+async def days(conn) -> list[str]:
+    return [r["suffix"] for r in await fetch(conn, "SELECT suffix FROM cyclone_history_days ORDER BY lo")]
+
+
+async def count(conn, sql: str, *params) -> int:
+    return (await fetch_one(conn, f"SELECT count(*) AS n FROM ({sql}) x", *params))["n"]
+
+
+async def test_a_step_is_made_in_its_runs_day(engine: Engine, conn) -> None:
+    await engine.enqueue("job")
+    await engine.enqueue_many([Job("many"), Job("many")])
+    await start(engine, [task("a"), task("b", "a"), task("c", "a")])
+    rows = await fetch(conn, "SELECT s.id, s.run_id, s.tableoid::regclass::text AS part, "
+                             "r.tableoid::regclass::text AS run_part FROM cyclone_steps s "
+                             "JOIN cyclone_runs r ON r.id = s.run_id")
+    assert len(rows) == 6
+    for r in rows:
+        assert r["id"].bytes[:8] == r["run_id"].bytes[:8]  # the run's time, to a fraction of a ms
+        assert r["part"].removeprefix("cyclone_steps_") == r["run_part"].removeprefix("cyclone_runs_")
+
+
+async def test_the_days_to_come_are_made_once_by_concurrent_servers(db_url: str, conn) -> None:
+    before = await days(conn)
+
+    async def ensure() -> int:
+        async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as c:
+            return (await (await c.execute("SELECT cyclone_history_ensure(6)")).fetchone())[0]
+    made = await asyncio.gather(*(ensure() for _ in range(4)))
+    after = await days(conn)
+    assert sum(made) == len(after) - len(before) == 4  # two days ahead by default, six now
+    rows = await fetch(conn, "SELECT lo, hi FROM cyclone_history_days ORDER BY lo")
+    assert all(a["hi"] == b["lo"] for a, b in zip(rows, rows[1:]))  # no gap, no overlap
+    last = (await fetch_one(conn, "SELECT cyclone__uuid_day(hi) - (now() AT TIME ZONE 'UTC')::date AS d "
+                                  "FROM cyclone_history_days ORDER BY hi DESC LIMIT 1"))["d"]
+    assert last == 7  # the end of the sixth day after today
+    # each day's tables take the day before's storage settings (autovacuum's, migration 0004)
+    opts = await fetch(conn, "SELECT c.reloptions FROM pg_class c WHERE c.relname LIKE 'cyclone_steps_2%%' AND c.relkind = 'r'")
+    assert opts and all("autovacuum_vacuum_threshold=20000" in (o["reloptions"] or []) for o in opts)
+
+
+async def dropped_day_setup(engine: Engine, conn) -> dict[str, object]:
+    """History from five days ago. On the day three days ago: two jobs, a DAG run, a run that
+    took a signal, a parent whose child run was made the day after; all ended 3 days ago."""
+    await history_from(conn, 5)
+    await engine.register_workflow("leaf", [task("leafwork")])
+    await engine.register_workflow("parent", [{"id": "c", "type": "child", "workflow": "leaf"}])
+    jobs = []
+    for _ in range(2):
+        jobs.append((await engine.enqueue("job"))[0])
+        await finish(engine, "job")
+    dag = await start(engine, [task("a"), task("b", "a")], name="dag")
+    await finish(engine, "a")
+    await finish(engine, "b")
+    signalled = await start(engine, [{"id": "s", "type": "signal", "signal": "go"}], name="sig")
+    await engine.signal(signalled, "go")
+    parent, _ = await engine.submit_run("parent")
+    child = str((await fetch_one(conn, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", parent))["id"])
+    await finish(engine, "leafwork")
+    await engine.settle_children(limit=10)
+    today, _, _ = await engine.enqueue("today")
+    await finish(engine, "today")
+    states = {str(r["id"]): r["state"] for r in await fetch(conn, "SELECT id, state FROM cyclone_runs")}
+    assert set(states.values()) == {"completed"}, states
+    [child] = await move_back(conn, [child], 2, finished_days_ago=3)
+    old = await move_back(conn, [*jobs, dag, signalled, parent], 3, finished_days_ago=3)
+    await conn.execute("UPDATE cyclone_runs SET finished_at = now() - interval '3 days' WHERE id = %s", (today,))
+    return {"old": old, "child": child, "today": today}
+
+
+def day_of(run_id: str) -> str:
+    """The suffix of a run's day, as cyclone_history_days names it."""
+    ms = int.from_bytes(uuid.UUID(str(run_id)).bytes[:6], "big")
+    return time.strftime("%Y%m%d", time.gmtime(ms / 1000))
+
+
+async def test_a_day_whose_runs_may_all_go_is_dropped_whole(engine: Engine, conn) -> None:
+    made = await dropped_day_setup(engine, conn)
+    old, child, today = made["old"], made["child"], made["today"]
+    day = day_of(old[0])
+    assert await count(conn, "SELECT 1 FROM cyclone_signals WHERE run_id = ANY (%s::uuid[])", old) == 1
+    assert await count(conn, "SELECT 1 FROM cyclone_step_deps WHERE run_id = ANY (%s::uuid[])", old) == 1
+
+    assert await drop_to_runs(engine) == 5  # the five runs of that day (the empty days before it first)
+    assert day not in await days(conn)
+    assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = ANY (%s)",
+                           [f"{t}_{day}" for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")])
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == 0
+    assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])", old) == 0
+    # What other tables hold of the day goes next: its signal, and the child run of the next day.
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = %s", child) == 1
+    assert await engine.tidy_history(1000) == 2
+    assert await count(conn, "SELECT 1 FROM cyclone_signals WHERE run_id = ANY (%s::uuid[])", old) == 0
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = %s", child) == 0
+    assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = %s", child) == 0
+    assert await engine.tidy_history(1000) == 0
+    assert await count(conn, "SELECT 1 FROM cyclone_history_dropped") == 0
+    # Nothing else may go as a day (today's run is in today; the days between are empty), so
+    # the sweep goes on run by run.
+    assert await drop_to_runs(engine) is None
+    assert await engine.purge(86400.0, sweep=True) == 1
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = %s", today) == 0
+
+
+@pytest.mark.parametrize("keeps", ["running", "own retention", "parent of an earlier day running"])
+async def test_a_day_with_a_run_that_must_stay_is_kept(engine: Engine, conn, keeps: str) -> None:
+    made = await dropped_day_setup(engine, conn)
+    old = made["old"]
+    if keeps == "running":
+        kept = (await move_back(conn, [(await engine.enqueue("late"))[0]], 3))[0]
+    elif keeps == "own retention":  # retention of its own: 5 days after it ended
+        await conn.execute("UPDATE cyclone_runs SET retention = interval '5 days' WHERE id = %s", (old[0],))
+        kept = old[0]
+    else:  # a child run of that day whose parent, made the day before, still runs
+        parent = (await move_back(conn, [(await engine.enqueue("elder"))[0]], 4))[0]
+        await conn.execute("UPDATE cyclone_runs SET parent_run_id = %s WHERE id = %s", (parent, old[0]))
+        kept = old[0]
+    assert await drop_to_runs(engine) is None  # the empty days before it went
+    assert day_of(old[0]) in await days(conn)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == len(old)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = %s", kept) == 1
+
+
+async def test_a_drop_that_cannot_lock_at_once_gives_up_and_keeps_everything(engine: Engine, conn,
+                                                                              db_url: str) -> None:
+    made = await dropped_day_setup(engine, conn)
+    for _ in range(3):  # the empty days before it
+        assert await engine.drop_history_day(86400.0) == 0
+    before = await days(conn)
+    with psycopg.connect(db_url) as reader:  # a transaction reading the runs holds their lock
+        reader.execute("SELECT count(*) FROM cyclone_runs").fetchone()
+        began = time.monotonic()
+        assert await engine.drop_history_day(86400.0) == -1
+        waited = time.monotonic() - began
+        reader.rollback()
+    assert waited < 10  # it gave up (after 100 ms of waiting), it did not wait for the reader
+    assert await days(conn) == before
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == len(made["old"])
+    assert await engine.drop_history_day(86400.0) == 5
+
+
+async def test_an_idempotency_key_finds_its_run_on_an_earlier_day(engine: Engine, conn) -> None:
+    await history_from(conn, 3)
+    first, _, created = await engine.enqueue("job", idempotency_key="k1")
+    assert created
+    [moved] = await move_back(conn, [first], 2)
+    again, _, created = await engine.enqueue("job", idempotency_key="k1")
+    assert (again, created) == (moved, False)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE idempotency_key = 'k1'") == 1
