@@ -55,6 +55,8 @@ DECLARE
     judged text[];
     picked uuid[];
     admitting uuid[];
+    span_lo uuid;
+    span_hi uuid;
 BEGIN
     -- Due limited steps not yet placed in the fair order, first: this may wait for their
     -- clocks, which it must not do holding rows (cyclone__limits_place_due).
@@ -104,6 +106,10 @@ BEGIN
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked)
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
+    -- The days the claimed steps are in (cyclone__days_span): the update reads those alone.
+    SELECT d.lo, d.hi INTO span_lo, span_hi
+      FROM cyclone__days_span((SELECT x FROM unnest(ids) AS x ORDER BY x LIMIT 1),
+                              (SELECT x FROM unnest(ids) AS x ORDER BY x DESC LIMIT 1)) d;
 
     RETURN QUERY
     WITH claimed AS (
@@ -112,6 +118,7 @@ BEGIN
                lease_generation = s.lease_generation + 1, started_at = now(),
                attempt_deadline = now() + s.attempt_timeout
          WHERE s.id = ANY (ids) AND s.state = (SELECT 'available'::text)
+           AND s.id >= span_lo AND s.id < span_hi
            -- a limited step only with the tokens its limits were judged by (a limit created
            -- or attached meanwhile, SetLimit's backfill, leaves it for the next claim)
            AND (s.limit_keys IS NULL
@@ -124,8 +131,8 @@ BEGIN
            COALESCE((SELECT jsonb_object_agg(p.node, p.output)
                        FROM cyclone_step_deps d
                       CROSS JOIN LATERAL (SELECT p.node, p.output FROM cyclone_steps p
-                                           WHERE p.id = d.dep_id OFFSET 0) p
-                      WHERE d.step_id = c.id), '{}'::jsonb),
+                                           WHERE p.id = d.dep_id AND p.id >= span_lo AND p.id < span_hi OFFSET 0) p
+                      WHERE d.step_id = c.id AND d.step_id >= span_lo AND d.step_id < span_hi), '{}'::jsonb),
            r.trace_context,
            -- (a probe of cyclone_limits by name per token, whatever the plan: as a join, a
            -- review saw a plan kept from when the table was small read every limit)
@@ -134,7 +141,8 @@ BEGIN
                               WHERE (SELECT l.rate FROM cyclone_limits l
                                       WHERE l.name = cyclone__token_limit(x.t)) IS NOT NULL) END
       FROM claimed c
-     CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r WHERE r.id = c.run_id OFFSET 0) r
+     CROSS JOIN LATERAL (SELECT r.input, r.trace_context FROM cyclone_runs r
+                          WHERE r.id = c.run_id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
      ORDER BY c.priority, c.scheduled_at, c.id;
     IF cardinality(limited) > 0 THEN  -- the starts and admissions of the limited steps claimed
         PERFORM cyclone__limits_take(ARRAY(SELECT x FROM unnest(ids) AS x WHERE x = ANY (limited)), p_owner);
@@ -519,10 +527,19 @@ DECLARE
     promoted boolean := false;
     n integer;
     children boolean;
+    span_lo uuid;
+    span_hi uuid;
 BEGIN
+    -- The days the batch's steps are in, and so their runs (cyclone__days_span): the
+    -- statements below over many steps or runs read those days alone.
+    SELECT d.lo, d.hi INTO span_lo, span_hi
+      FROM cyclone__days_span((SELECT (e ->> 'step_id')::uuid FROM jsonb_array_elements(p_results) e ORDER BY 1 LIMIT 1),
+                              (SELECT (e ->> 'step_id')::uuid FROM jsonb_array_elements(p_results) e
+                                ORDER BY 1 DESC LIMIT 1)) d;
     SELECT array_agg(DISTINCT s.run_id ORDER BY s.run_id) INTO runs
       FROM jsonb_array_elements(p_results) e
-     CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = (e ->> 'step_id')::uuid OFFSET 0) s;
+     CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = (e ->> 'step_id')::uuid
+                            AND s.id >= span_lo AND s.id < span_hi OFFSET 0) s;
     IF runs IS NOT NULL THEN
         -- `plain`: the locked runs a job's completion may end (running or paused, top-level),
         -- read from the row as locked, so their state holds until commit.
@@ -531,7 +548,8 @@ BEGIN
         SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}'), COALESCE(array_agg(l.id) FILTER (WHERE l.plain), '{}')
           INTO locked, plain
           FROM (SELECT r.id, r.state IN ('running', 'paused') AND r.parent_run_id IS NULL AS plain
-                  FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) ORDER BY r.id
+                  FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) AND r.id >= span_lo AND r.id < span_hi
+                 ORDER BY r.id
                    FOR NO KEY UPDATE SKIP LOCKED) l;
         IF plain_first THEN
             plain := runs[1:1] || plain;
@@ -552,18 +570,20 @@ BEGIN
            SET state = 'completed', output = b.output, finished_at = now()
           FROM b
          WHERE s.id = b.sid AND b.answers = 1 AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
-           AND s.run_id = ANY (plain)
+           AND s.run_id = ANY (plain) AND s.id >= span_lo AND s.id < span_hi
            -- (a scalar subquery, an index probe per step: the steps table is partitioned by
            -- day (migration 0014), and an anti-join over its days was planned as a hash of
            -- every day's (run_id, node) index)
-           AND (SELECT o.id FROM cyclone_steps o WHERE o.run_id = s.run_id AND o.id <> s.id LIMIT 1) IS NULL
+           AND (SELECT o.id FROM cyclone_steps o
+                 WHERE o.run_id = s.run_id AND o.id <> s.id AND o.id >= span_lo AND o.id < span_hi LIMIT 1) IS NULL
         RETURNING s.run_id, s.node, s.output, b.i, b.sid, b.gen
     ), ended AS (
         UPDATE cyclone_runs r
            SET state = 'completed', finished_at = now(), updated_at = now(),
                paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
           FROM done d
-         WHERE r.id = d.run_id
+         WHERE r.id = d.run_id AND r.id = ANY (ARRAY(SELECT o.run_id FROM done o))  -- (by key, not by the span)
+           AND r.id >= span_lo AND r.id < span_hi
         RETURNING d.i, d.sid, d.gen
     )
     SELECT array_agg(e.i), array_agg(e.sid), array_agg(e.gen) INTO fast, fast_steps, fast_gens FROM ended e;
@@ -589,7 +609,8 @@ BEGIN
          WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
     ), j AS MATERIALIZED (
         SELECT e.*, s.run_id
-          FROM e CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = e.sid OFFSET 0) s
+          FROM e CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s
+                                      WHERE s.id = e.sid AND s.id >= span_lo AND s.id < span_hi OFFSET 0) s
          WHERE s.run_id = ANY (locked)
     ), whole AS MATERIALIZED (
         -- Locked by this batch, so their state holds until commit.
@@ -597,7 +618,8 @@ BEGIN
           FROM (SELECT j.run_id FROM j GROUP BY j.run_id
                 HAVING bool_and(j.answers = 1 AND j.v ->> 'outcome' = 'completed'
                                 AND (j.v ->> 'output_bytes')::integer <= p_max_output_bytes)) w
-         CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = w.run_id OFFSET 0) r
+         CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r
+                              WHERE r.id = w.run_id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
          WHERE r.state IN ('running', 'paused')
     ), done AS (
         UPDATE cyclone_steps s
@@ -607,7 +629,7 @@ BEGIN
            AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
            -- The steps by id, as an array: the table is partitioned by day (migration 0014),
            -- and a join to the days was planned, on small tables, as a hash of all of them.
-           AND s.id = ANY (ARRAY(SELECT j.sid FROM j))
+           AND s.id = ANY (ARRAY(SELECT j.sid FROM j)) AND s.id >= span_lo AND s.id < span_hi
         RETURNING s.id, s.run_id, j.i
     )
     SELECT array_agg(d.i), array_agg(d.id), array_agg(DISTINCT d.run_id) INTO dag, dag_steps, dag_runs
@@ -644,7 +666,7 @@ BEGIN
                 UPDATE cyclone_steps
                    SET state = 'available', scheduled_at = now(), wait_started_at = NULL, timer_at = NULL,
                        max_wait_at = NULL, timer_left = NULL, max_wait_left = NULL
-                 WHERE id = ANY (tasks) AND state = (SELECT 'pending'::text);
+                 WHERE id = ANY (tasks) AND state = (SELECT 'pending'::text) AND id >= span_lo AND id < span_hi;
                 -- Each limited one arrives for its limits' strategies (cyclone__limits_arrive, as
                 -- cyclone__step_enter calls it) in one order, those after it not counted yet.
                 IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
@@ -668,7 +690,7 @@ BEGIN
             UPDATE cyclone_runs r
                SET state = 'completed', finished_at = now(), updated_at = now(),
                    paused_at = NULL, deadline_left = NULL, result = cyclone__run_result(r.id)
-             WHERE r.id = ANY (ARRAY(
+             WHERE r.id >= span_lo AND r.id < span_hi AND r.id = ANY (ARRAY(
                        SELECT u.id FROM unnest(dag_runs) AS u (id)
                         CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = u.id OFFSET 0) r
                         WHERE r.state IN ('running', 'paused')

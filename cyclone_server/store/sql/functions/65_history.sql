@@ -6,6 +6,21 @@
 -- the day migration 0014 chose, has lo = the nil uuid and the suffix 'first'. Changes to the
 -- list are made under one advisory lock, so several servers may call these at once.
 
+-- The ids of the days that hold p_first to p_last (p_first <= p_last): from the start of the
+-- first's day to the end of the last's, the bounds of their partitions. A step and its run
+-- are always in one day (their partition: the first one holds both for rows made before
+-- migration 0014), so the steps and runs of a batch of steps are within the span of their
+-- ids. A statement over many steps by id (= ANY of an array) reads every day's index, as
+-- Postgres prunes no partition for an array it is given; with `id >= lo AND id < hi` it
+-- prunes the days outside at the statement's start.
+CREATE OR REPLACE FUNCTION cyclone__days_span(p_first uuid, p_last uuid, OUT lo uuid, OUT hi uuid)
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT d.lo FROM cyclone_history_days d WHERE d.lo <= p_first ORDER BY d.lo DESC LIMIT 1),
+                    '00000000-0000-0000-0000-000000000000'),
+           COALESCE((SELECT d.hi FROM cyclone_history_days d WHERE d.lo <= p_last ORDER BY d.lo DESC LIMIT 1),
+                    'ffffffff-ffff-ffff-ffff-ffffffffffff')
+$$;
+
 -- A uuid's UTC day: the day of the millisecond in its first 48 bits.
 CREATE OR REPLACE FUNCTION cyclone__uuid_day(p_id uuid) RETURNS date
 LANGUAGE sql IMMUTABLE AS $$
@@ -96,16 +111,17 @@ END $$;
 -- The retention sweep's first part: drop the oldest day before today (UTC) whose runs may all
 -- go (cyclone__history_day_due, with cyclone_runs_purge's p_age and p_sweep), as whole
 -- partitions: its runs, steps and edges. Returns how many runs went with it (0: an empty day);
--- -1 when a day may go but the lock was not had within p_lock_wait (try again later); NULL
+-- -1 when a day may go but its lock was not had in five tries (try again later); NULL
 -- when no day may go.
 --
 -- Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which every claim and
 -- result waits for, and which waits for every transaction using the parent. The day is read
 -- before (no lock but the readers'), so the lock is held only to check again, by index, that
 -- no run went back to running meanwhile (a Retry), and to drop the tables: milliseconds, and
--- at most p_lock_wait more while it waits. The day's signals, and the child runs of its runs
--- made on later days, are deleted afterwards by cyclone_history_tidy (the range is noted in
--- cyclone_history_dropped): between the two, such a child run is listed without its parent.
+-- at most p_lock_wait more while it waits (each of up to five tries, 50 ms apart). The day's
+-- signals, and the child runs of its runs made on later days, are deleted afterwards by
+-- cyclone_history_tidy (the range is noted in cyclone_history_dropped): between the two, such
+-- a child run is listed without its parent.
 CREATE OR REPLACE FUNCTION cyclone_history_drop(p_age interval, p_sweep boolean DEFAULT true,
                                                 p_lock_wait interval DEFAULT '100 ms')
 RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
@@ -115,6 +131,7 @@ DECLARE
     back boolean;
     t text;
     wait text;
+    locked boolean;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
         RETURN -1;  -- another server makes or drops days now
@@ -122,14 +139,23 @@ BEGIN
     FOR d IN SELECT * FROM cyclone_history_days x WHERE x.hi <= cyclone__day_uuid(now()) ORDER BY x.lo LOOP
         n := cyclone__history_day_due(d, p_age, p_sweep);
         CONTINUE WHEN n IS NULL;
+        -- A few tries, 50 ms apart: the read above is what costs, not the wait.
         wait := current_setting('lock_timeout');
-        BEGIN
-            PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
-            LOCK TABLE ONLY cyclone_runs, cyclone_steps, cyclone_step_deps IN ACCESS EXCLUSIVE MODE;
-        EXCEPTION WHEN lock_not_available THEN
-            RETURN -1;
-        END;
+        FOR attempt IN 1 .. 5 LOOP
+            BEGIN
+                PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
+                LOCK TABLE ONLY cyclone_runs, cyclone_steps, cyclone_step_deps IN ACCESS EXCLUSIVE MODE;
+                locked := true;
+            EXCEPTION WHEN lock_not_available THEN
+                locked := false;
+            END;
+            EXIT WHEN locked;
+            PERFORM pg_sleep(0.05);
+        END LOOP;
         PERFORM set_config('lock_timeout', wait, true);
+        IF NOT locked THEN
+            RETURN -1;
+        END IF;
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
                        'cyclone_runs_' || d.suffix) INTO back;
         IF back THEN  -- a Retry came in between: the next sweep reads the day again
