@@ -2,8 +2,8 @@
 this version: every row kept as it was, the new migrations recorded, and the state machine
 working on the old rows.
 
-The data is a pg_dump of that version (fixtures/landed_048d34f.sql, made by
-fixtures/make_landed_048d34f.py with that version's own Engine). Nothing here counts migrations or
+The data is a pg_dump of that version (fixtures/landed_f1229d8.sql, made by
+fixtures/make_landed.py with that version's own Engine). Nothing here counts migrations or
 names columns that came later: the checks are "every column the landed version had", and
 "every migration file of this version", so the test keeps passing as migrations are added.
 """
@@ -26,7 +26,7 @@ from cyclone_server.store.migrate import functions, migrate, migrations
 
 pytestmark = pytest.mark.statemachine
 
-LANDED = Path(__file__).parent / "fixtures" / "landed_048d34f.sql"
+LANDED = Path(__file__).parent / "fixtures" / "landed_f1229d8.sql"
 # psql's own commands in a plain dump (pg_dump 15.14 and later guard the restore with them);
 # the SQL around them needs no psql.
 PSQL_ONLY = ("\\restrict ", "\\unrestrict ")
@@ -123,8 +123,12 @@ def schema(url: str) -> tuple[set, set, set, set]:
             "SELECT table_name, column_name, data_type, is_nullable, column_default FROM information_schema.columns "
             "WHERE table_schema = 'public'").fetchall())
         indexes = set(conn.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public'").fetchall())
+        # (Postgres 18 names each NOT NULL constraint after the table that made it: a table
+        # made under another name and renamed, as migration 0011 makes cyclone_fair_keys, has
+        # other names than the same table restored from a dump. Its definition is what counts.)
         constraints = set(conn.execute(
-            "SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+            "SELECT c.conrelid::regclass::text, CASE WHEN c.contype = 'n' THEN '' ELSE c.conname END, "
+            "pg_get_constraintdef(c.oid) FROM pg_constraint c "
             "JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = 'public'").fetchall())
         triggers = set(conn.execute(
             "SELECT t.tgrelid::regclass::text, t.tgname, pg_get_triggerdef(t.oid) FROM pg_trigger t "
@@ -167,7 +171,7 @@ def test_migrating_keeps_every_row_of_the_landed_version(landed_url: str) -> Non
     after = contents(landed_url, kept)
     for table in kept:
         assert after[table] == before[table], f"rows of {table} changed"
-    assert all(before[t] for t in kept), "a table of the fixture is empty"  # not an empty comparison
+    assert all(before[t] for t in kept), [t for t in kept if not before[t]]  # not an empty comparison
 
     # Each landed migration keeps its record (a reworded one is recorded with its new text);
     # each migration of this version and each function file is recorded as it is now.
