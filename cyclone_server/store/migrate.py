@@ -78,14 +78,18 @@ def migrate(conninfo: str) -> list[str]:
         try:
             conn.execute(_BOOKKEEPING)
             done = dict(conn.execute("SELECT name, checksum FROM cyclone_migrations").fetchall())
-            if _HISTORY not in done:
-                _prepare_history(conn)
+            prepared = _HISTORY not in done and _prepare_history(conn)
             # Every file in one transaction: servers still running (a rolling upgrade) see the
             # old schema with the old functions, then the new schema with the new functions,
             # never a migrated table under functions written for the one before; and a file
             # that fails leaves the database as it was.
-            with conn.transaction():
-                applied = _apply_pending(conn, done)
+            try:
+                with conn.transaction():
+                    applied = _apply_pending(conn, done)
+            except BaseException:
+                if prepared:  # the bound's constraints would refuse inserts once it passes
+                    _unprepare_history(conn)
+                raise
             # The coming days of history (migration 0014), so a server that starts can
             # insert; its Background makes them again as days pass.
             if conn.execute("SELECT to_regproc('cyclone_history_ensure') IS NOT NULL").fetchone()[0]:
@@ -174,32 +178,38 @@ def day_uuid(day: dt.date) -> uuid.UUID:
     return uuid.UUID(bytes=ms.to_bytes(6, "big") + bytes(10))
 
 
-def _prepare_history(conn: psycopg.Connection) -> None:
+def _prepare_history(conn: psycopg.Connection) -> bool:
     """Before migration 0014 on a database with plain tables: its plain indexes, built
     CONCURRENTLY, and its bound, as constraints added NOT VALID then validated (a read
     that blocks no write). Each statement is its own transaction, and is skipped when done
-    already, so a migrator that stopped half way goes on where it was."""
+    already, so a migrator that stopped half way goes on where it was. Returns whether it
+    prepared (the tables are plain)."""
     kind = conn.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass('cyclone_runs')").fetchone()
     if kind is None or kind[0] != "r":
-        return
+        return False
+    for name, rest in _PLAIN_INDEXES.items():
+        # (no lock timeout: a concurrent build waits for the transactions before it, and
+        # blocks none; one stopped midway leaves an invalid index, built again here)
+        row = conn.execute("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
+                           (name,)).fetchone()
+        if row is not None and not row[0]:
+            conn.execute(f"DROP INDEX CONCURRENTLY {name}".encode())
+            row = None
+        if row is None:
+            conn.execute(f"CREATE INDEX CONCURRENTLY {name} {rest}".encode())
+    # The first partition holds every id before the day after tomorrow (UTC): at least a day
+    # for the migration to run after its preparation. Should it not follow (it failed, the
+    # migrator was stopped), the constraints stay until the next migrator replaces a stale
+    # one, or removes them when the migration fails (_unprepare_history): past the bound,
+    # they would refuse every insert (docs/operations.md says how to remove them by hand).
+    today = dt.datetime.now(dt.timezone.utc).date()
+    bound, least = day_uuid(today + dt.timedelta(days=2)), day_uuid(today + dt.timedelta(days=1))
     conn.execute(f"SET lock_timeout = '{_PREPARE_LOCK_TIMEOUT}'")
     try:
-        for name, rest in _PLAIN_INDEXES.items():
-            row = conn.execute("SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass(%s)",
-                               (name,)).fetchone()
-            if row is not None and not row[0]:  # a build that was stopped
-                _retried(conn, f"DROP INDEX CONCURRENTLY {name}")
-                row = None
-            if row is None:
-                _retried(conn, f"CREATE INDEX CONCURRENTLY {name} {rest}")
-        # The first partition holds every id before the day after tomorrow (UTC): at least
-        # a day for the migration to run after its preparation.
-        today = dt.datetime.now(dt.timezone.utc).date()
-        bound, least = day_uuid(today + dt.timedelta(days=2)), day_uuid(today + dt.timedelta(days=1))
         for table, key in _BOUND_KEYS.items():
             name = f"{table}_before_partitions"
             row = conn.execute(_BOUND_OF.encode(), (table, name)).fetchone()
-            if row is not None and row[0] < least:  # prepared long ago
+            if row is not None and (row[0] is None or row[0] < least):  # prepared long ago
                 _retried(conn, f"ALTER TABLE {table} DROP CONSTRAINT {name}")
                 row = None
             if row is None:
@@ -209,6 +219,20 @@ def _prepare_history(conn: psycopg.Connection) -> None:
                 _retried(conn, f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
     finally:
         conn.execute("RESET lock_timeout")
+    return True
+
+
+def _unprepare_history(conn: psycopg.Connection) -> None:
+    """After migration 0014 failed: its bound's constraints removed (best effort: the next
+    migrator prepares again)."""
+    try:
+        conn.execute(f"SET lock_timeout = '{_PREPARE_LOCK_TIMEOUT}'")
+        for table in _BOUND_KEYS:
+            _retried(conn, f"ALTER TABLE IF EXISTS {table} DROP CONSTRAINT IF EXISTS {table}_before_partitions")
+        conn.execute("RESET lock_timeout")
+    except psycopg.Error as e:
+        log.warning("migration 0014 failed, and its preparation's constraints could not be removed (%s): "
+                    "remove them before the day after tomorrow (docs/operations.md)", e)
 
 
 def _retried(conn: psycopg.Connection, statement: str) -> None:

@@ -227,3 +227,27 @@ async def test_an_idempotency_key_finds_its_run_on_an_earlier_day(engine: Engine
     again, _, created = await engine.enqueue("job", idempotency_key="k1")
     assert (again, created) == (moved, False)
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE idempotency_key = 'k1'") == 1
+
+
+async def test_a_run_that_ends_again_while_its_day_is_read_keeps_the_day(engine: Engine, conn) -> None:
+    """The day is read without the tables' lock: a run retried and ended again meanwhile has
+    ended too recently, and the drop, checking again under the lock, leaves the day."""
+    made = await dropped_day_setup(engine, conn)
+    old = made["old"]
+    # The read of the day, then (as if a RetryRun and its run's end came in between) one of
+    # its runs ending now.
+    await conn.execute("ALTER FUNCTION cyclone__history_day_due(cyclone_history_days, interval, boolean) "
+                       "RENAME TO history_day_due_read")
+    await conn.execute("""
+        CREATE FUNCTION cyclone__history_day_due(p_day cyclone_history_days, p_age interval, p_sweep boolean)
+        RETURNS bigint LANGUAGE plpgsql AS $$
+        DECLARE n bigint := history_day_due_read(p_day, p_age, p_sweep);
+        BEGIN
+            IF n > 0 AND '%s' >= p_day.lo AND '%s' < p_day.hi THEN  -- the day read was found due
+                UPDATE cyclone_runs SET finished_at = clock_timestamp() WHERE id = '%s';
+            END IF;
+            RETURN n;
+        END $$""" % (old[0], old[0], old[0]))
+    assert await drop_to_runs(engine) is None
+    assert day_of(old[0]) in await days(conn)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == len(old)

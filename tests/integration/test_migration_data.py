@@ -11,6 +11,7 @@ names columns that came later: the checks are "every column the landed version h
 from __future__ import annotations
 
 import os
+from datetime import date, timedelta
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,23 @@ def test_history_partitions_take_the_tables_as_they_are_after_a_preparation_that
         kinds = dict(conn.execute("SELECT relname, relkind FROM pg_class WHERE relname IN "
                                   "('cyclone_runs', 'cyclone_steps', 'cyclone_step_deps')").fetchall())
         assert kinds == {"cyclone_runs": "p", "cyclone_steps": "p", "cyclone_step_deps": "p"}
+
+
+def test_a_failed_migration_leaves_no_bound_behind(landed_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preparation's constraints refuse inserts past their bound (two days on): when the
+    migration after it fails, they go, and the tables stay as they were."""
+    broken = migrate_module.SqlFile("99_broken.sql", "SELECT 1/0;")
+    monkeypatch.setattr(migrate_module, "functions", lambda: [*functions(), broken])
+    with pytest.raises(Exception, match="division by zero"):
+        migrate(landed_url)
+    with psycopg.connect(landed_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_constraint WHERE conname LIKE '%%_before_partitions'"
+                            ).fetchone()[0] == 0
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'cyclone_runs'").fetchone()[0] == "r"
+        late = migrate_module.day_uuid(date.today() + timedelta(days=5))  # past the bound it had
+        conn.execute("INSERT INTO cyclone_runs (id, state) VALUES (%s, 'completed')", (late,))
+        conn.execute("DELETE FROM cyclone_runs WHERE id = %s", (late,))
+    monkeypatch.undo()
+    migrate(landed_url)  # prepared again, then migrated
+    with psycopg.connect(landed_url, autocommit=True) as conn:
+        assert conn.execute("SELECT relkind FROM pg_class WHERE relname = 'cyclone_runs'").fetchone()[0] == "p"

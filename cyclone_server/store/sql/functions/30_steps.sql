@@ -529,6 +529,16 @@ DECLARE
     children boolean;
     span_lo uuid;
     span_hi uuid;
+    f_sids uuid[];
+    f_gens bigint[];
+    f_outs jsonb[];
+    f_idx integer[];
+    f_runs uuid[];
+    f_results jsonb[];
+    g_sids uuid[];
+    g_gens bigint[];
+    g_outs jsonb[];
+    g_idx integer[];
 BEGIN
     -- The days the batch's steps are in, and so their runs (cyclone__days_span): the
     -- statements below over many steps or runs read those days alone.
@@ -541,13 +551,17 @@ BEGIN
      CROSS JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s WHERE s.id = (e ->> 'step_id')::uuid
                             AND s.id >= span_lo AND s.id < span_hi OFFSET 0) s;
     IF runs IS NOT NULL THEN
-        -- `plain`: the locked runs a job's completion may end (running or paused, top-level),
-        -- read from the row as locked, so their state holds until commit.
-        SELECT r.state IN ('running', 'paused') AND r.parent_run_id IS NULL INTO plain_first
+        -- `plain`: the locked runs a job's completion may end: standalone jobs (no workflow,
+        -- so one node: only cyclone__jobs_create and cyclone_job_enqueue make them, one step
+        -- each), running or paused, top-level; read from the row as locked, so their state
+        -- holds until commit.
+        SELECT r.state IN ('running', 'paused') AND r.parent_run_id IS NULL AND r.workflow_name IS NULL
+          INTO plain_first
           FROM cyclone_runs r WHERE r.id = runs[1] FOR NO KEY UPDATE;
         SELECT runs[1:1] || COALESCE(array_agg(l.id), '{}'), COALESCE(array_agg(l.id) FILTER (WHERE l.plain), '{}')
           INTO locked, plain
-          FROM (SELECT r.id, r.state IN ('running', 'paused') AND r.parent_run_id IS NULL AS plain
+          FROM (SELECT r.id, r.state IN ('running', 'paused') AND r.parent_run_id IS NULL
+                       AND r.workflow_name IS NULL AS plain
                   FROM cyclone_runs r WHERE r.id = ANY (runs[2:]) AND r.id >= span_lo AND r.id < span_hi
                  ORDER BY r.id
                    FOR NO KEY UPDATE SKIP LOCKED) l;
@@ -557,36 +571,40 @@ BEGIN
     END IF;
 
     -- (SELECT 'running'::text): see "Plans" at the top of this file. The jobs' steps running
-    -- under the result's generation, in the `plain` runs (locked above) that have no other
-    -- step; each such step's run is ended in the same statement.
-    WITH b AS MATERIALIZED (
-        SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
-               COALESCE(e.v -> 'output', 'null'::jsonb) AS output,
-               count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
-          FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
-         WHERE e.v ->> 'outcome' = 'completed' AND (e.v ->> 'output_bytes')::integer <= p_max_output_bytes
-    ), done AS (
-        UPDATE cyclone_steps s
-           SET state = 'completed', output = b.output, finished_at = now()
-          FROM b
-         WHERE s.id = b.sid AND b.answers = 1 AND s.state = (SELECT 'running'::text) AND s.lease_generation = b.gen
-           AND s.run_id = ANY (plain) AND s.id >= span_lo AND s.id < span_hi
-           -- (a scalar subquery, an index probe per step: the steps table is partitioned by
-           -- day (migration 0014), and an anti-join over its days was planned as a hash of
-           -- every day's (run_id, node) index)
-           AND (SELECT o.id FROM cyclone_steps o
-                 WHERE o.run_id = s.run_id AND o.id <> s.id AND o.id >= span_lo AND o.id < span_hi LIMIT 1) IS NULL
-        RETURNING s.run_id, s.node, s.output, b.i, b.sid, b.gen
-    ), ended AS (
-        UPDATE cyclone_runs r
-           SET state = 'completed', finished_at = now(), updated_at = now(),
-               paused_at = NULL, deadline_left = NULL, result = jsonb_build_object(d.node, d.output)
-          FROM done d
-         WHERE r.id = d.run_id AND r.id = ANY (ARRAY(SELECT o.run_id FROM done o))  -- (by key, not by the span)
-           AND r.id >= span_lo AND r.id < span_hi
-        RETURNING d.i, d.sid, d.gen
-    )
-    SELECT array_agg(e.i), array_agg(e.sid), array_agg(e.gen) INTO fast, fast_steps, fast_gens FROM ended e;
+    -- under the result's generation, in the `plain` runs (locked above: a job's run has no
+    -- other step); then those steps' runs end. Each statement reaches its rows by primary key
+    -- = ANY of an array, within the batch's days (no join: on the days of history, a join was
+    -- planned on small tables as a scan of a whole day), and takes each row's values from the
+    -- arrays by position.
+    SELECT array_agg(c.sid ORDER BY c.i), array_agg(c.gen ORDER BY c.i), array_agg(c.output ORDER BY c.i),
+           array_agg(c.i ORDER BY c.i)
+      INTO f_sids, f_gens, f_outs, f_idx
+      FROM (SELECT e.ord::integer AS i, (e.v ->> 'step_id')::uuid AS sid, (e.v ->> 'generation')::bigint AS gen,
+                   COALESCE(e.v -> 'output', 'null'::jsonb) AS output,
+                   count(*) OVER (PARTITION BY e.v ->> 'step_id') AS answers
+              FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
+             WHERE e.v ->> 'outcome' = 'completed' AND (e.v ->> 'output_bytes')::integer <= p_max_output_bytes) c
+     WHERE c.answers = 1;
+    IF f_sids IS NOT NULL AND cardinality(plain) > 0 THEN
+        WITH done AS (
+            UPDATE cyclone_steps s
+               SET state = 'completed', output = f_outs[array_position(f_sids, s.id)], finished_at = now()
+             WHERE s.id = ANY (f_sids) AND s.id >= span_lo AND s.id < span_hi
+               AND s.state = (SELECT 'running'::text) AND s.lease_generation = f_gens[array_position(f_sids, s.id)]
+               AND s.run_id = ANY (plain)
+            RETURNING s.id, s.run_id, jsonb_build_object(s.node, s.output) AS result
+        )
+        SELECT array_agg(f_idx[array_position(f_sids, d.id)]), array_agg(d.id),
+               array_agg(f_gens[array_position(f_sids, d.id)]), array_agg(d.run_id), array_agg(d.result)
+          INTO fast, fast_steps, fast_gens, f_runs, f_results
+          FROM done d;
+        IF fast IS NOT NULL THEN
+            UPDATE cyclone_runs r
+               SET state = 'completed', finished_at = now(), updated_at = now(),
+                   paused_at = NULL, deadline_left = NULL, result = f_results[array_position(f_runs, r.id)]
+             WHERE r.id = ANY (f_runs) AND r.id >= span_lo AND r.id < span_hi;
+        END IF;
+    END IF;
     IF fast IS NOT NULL THEN
         PERFORM pg_notify('cyclone_run_ended', 'top');  -- `plain` holds top-level runs only
         -- The jobs completed here, in one go; the loop at the end answers the rest.
@@ -621,19 +639,22 @@ BEGIN
          CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r
                               WHERE r.id = w.run_id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
          WHERE r.state IN ('running', 'paused')
-    ), done AS (
-        UPDATE cyclone_steps s
-           SET state = 'completed', output = COALESCE(j.v -> 'output', 'null'::jsonb), finished_at = now()
-          FROM j, whole
-         WHERE s.id = j.sid AND j.run_id = whole.run_id AND s.run_id = j.run_id
-           AND s.state = (SELECT 'running'::text) AND s.lease_generation = j.gen
-           -- The steps by id, as an array: the table is partitioned by day (migration 0014),
-           -- and a join to the days was planned, on small tables, as a hash of all of them.
-           AND s.id = ANY (ARRAY(SELECT j.sid FROM j)) AND s.id >= span_lo AND s.id < span_hi
-        RETURNING s.id, s.run_id, j.i
     )
-    SELECT array_agg(d.i), array_agg(d.id), array_agg(DISTINCT d.run_id) INTO dag, dag_steps, dag_runs
-      FROM done d;
+    SELECT array_agg(j.sid), array_agg(j.gen), array_agg(COALESCE(j.v -> 'output', 'null'::jsonb)), array_agg(j.i)
+      INTO g_sids, g_gens, g_outs, g_idx
+      FROM j JOIN whole ON whole.run_id = j.run_id;
+    IF g_sids IS NOT NULL THEN  -- (by primary key = ANY, as above)
+        WITH done AS (
+            UPDATE cyclone_steps s
+               SET state = 'completed', output = g_outs[array_position(g_sids, s.id)], finished_at = now()
+             WHERE s.id = ANY (g_sids) AND s.id >= span_lo AND s.id < span_hi
+               AND s.state = (SELECT 'running'::text) AND s.lease_generation = g_gens[array_position(g_sids, s.id)]
+            RETURNING s.id, s.run_id
+        )
+        SELECT array_agg(g_idx[array_position(g_sids, d.id)]), array_agg(d.id), array_agg(DISTINCT d.run_id)
+          INTO dag, dag_steps, dag_runs
+          FROM done d;
+    END IF;
     IF dag IS NOT NULL THEN
         -- Promotion (cyclone__promote after each of them): the pending dependents of the
         -- completed steps whose deps are all completed now, in runs that are running (a

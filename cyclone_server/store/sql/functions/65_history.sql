@@ -117,7 +117,8 @@ END $$;
 -- Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which every claim and
 -- result waits for, and which waits for every transaction using the parent. The day is read
 -- before (no lock but the readers'), so the lock is held only to check again, by index, that
--- no run went back to running meanwhile (a Retry), and to drop the tables: milliseconds, and
+-- no run went back to running meanwhile, or ended since the read began (a Retry, and the
+-- retried run's end), and to drop the tables: milliseconds, and
 -- at most p_lock_wait more while it waits (each of up to five tries, 50 ms apart). The day's
 -- signals, and the child runs of its runs made on later days, are deleted afterwards by
 -- cyclone_history_tidy (the range is noted in cyclone_history_dropped): between the two, such
@@ -132,11 +133,13 @@ DECLARE
     t text;
     wait text;
     locked boolean;
+    read_at timestamptz;
 BEGIN
     IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
         RETURN -1;  -- another server makes or drops days now
     END IF;
     FOR d IN SELECT * FROM cyclone_history_days x WHERE x.hi <= cyclone__day_uuid(now()) ORDER BY x.lo LOOP
+        read_at := clock_timestamp();
         n := cyclone__history_day_due(d, p_age, p_sweep);
         CONTINUE WHEN n IS NULL;
         -- A few tries, 50 ms apart: the read above is what costs, not the wait.
@@ -156,9 +159,13 @@ BEGIN
         IF NOT locked THEN
             RETURN -1;
         END IF;
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
-                       'cyclone_runs_' || d.suffix) INTO back;
-        IF back THEN  -- a Retry came in between: the next sweep reads the day again
+        -- What may have changed since the read: a run retried (running again), or retried and
+        -- ended again (it finished after the read began: too recently, maybe). Both by index.
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))'
+                       ' OR EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
+                       ' AND r.finished_at >= $1)', 'cyclone_runs_' || d.suffix, 'cyclone_runs_' || d.suffix)
+           USING read_at INTO back;
+        IF back THEN  -- the next sweep reads the day again
             RETURN NULL;
         END IF;
         FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP

@@ -7,8 +7,10 @@
 
 -- Start the schedule's target as a run of fire time p_fire_at: SubmitRun or Enqueue as the
 -- API would (same functions), then the run is tagged with the schedule and fire time.
--- The unique key (schedule_name, schedule_fire_at) refuses a second run of one fire time;
+-- A fire time starts one run: every caller holds the schedule's row (FOR UPDATE), under which
 -- a fire time that already has its run (a trigger at that very instant) returns that run.
+-- (Since migration 0014 (schedule_name, schedule_fire_at) is an index, not a unique key: the
+-- runs are partitioned by day.)
 CREATE OR REPLACE FUNCTION cyclone__schedule_start(p_name text, p_target jsonb, p_fire_at timestamptz)
 RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE

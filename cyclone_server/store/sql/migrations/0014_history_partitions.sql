@@ -48,6 +48,12 @@ DECLARE
     f regprocedure;
     n integer;
 BEGIN
+    -- The three tables' locks first, in one order, waiting at most 5 s (tried again at the
+    -- next start): taken one by one below, the first would be held while waiting for the
+    -- next, and every call that touches runs would wait with it.
+    SET LOCAL lock_timeout = '5s';
+    LOCK TABLE cyclone_runs, cyclone_steps, cyclone_step_deps IN ACCESS EXCLUSIVE MODE;
+    RESET lock_timeout;
     -- The views over these tables are bound to them: made again over the new parents below.
     FOR v IN SELECT DISTINCT c.oid::regclass::text AS name, pg_get_viewdef(c.oid) AS def
                FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid JOIN pg_class c ON c.oid = r.ev_class
