@@ -173,7 +173,7 @@ def test_a_database_of_the_last_landed_version_upgrades_to_this_one(empty_db_url
     # The SQL files as they were at the last landing (git archive of that commit): a
     # function whose parameters were renamed or removed must be dropped before it is
     # created again, or the upgrade fails where a fresh database does not.
-    landed = Path(__file__).parent / "fixtures" / "sql_landed_b51af15"
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_f1229d8"
     use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
     migrate(empty_db_url)
     use_files(migrations(), functions())
@@ -190,7 +190,7 @@ def test_the_functions_the_last_landed_version_calls_keep_their_rows(empty_db_ur
     functions with their statements prepared: a function they call (`cyclone_*`, not the
     internal `cyclone__*`) must return rows of the same type, or Postgres refuses the
     prepared statement ("cached plan must not change result type")."""
-    landed = Path(__file__).parent / "fixtures" / "sql_landed_b51af15"
+    landed = Path(__file__).parent / "fixtures" / "sql_landed_f1229d8"
     use_files(_files_in(landed / "migrations"), _files_in(landed / "functions"))
     migrate(empty_db_url)
     query = ("SELECT proname || '(' || pg_get_function_identity_arguments(oid) || ')', pg_get_function_result(oid)"
