@@ -91,37 +91,33 @@ SELECT {MARK} t.name, pg_size_pretty(sum(pg_table_size(p.relid))) AS table_size,
 TABLES = ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")
 
 
+def drop_days(c: psycopg.Connection) -> None:
+    """Every day of history detached and dropped (the tables empty)."""
+    for (suffix,) in c.execute("SELECT suffix FROM cyclone_history_days").fetchall():
+        for t in TABLES:
+            c.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{suffix}")
+            c.execute(f"DROP TABLE {t}_{suffix}")
+    c.execute("DELETE FROM cyclone_history_days")
+
+
 def lay_out_days(url: str, days: int) -> None:
     """On a database just migrated (empty tables): history begins `days` days before today
     (UTC), a partition per day from then to two days ahead (what a database that has run that
     long holds), and the first partition all before."""
     with psycopg.connect(url, autocommit=True) as c:
-        for (suffix,) in c.execute("SELECT suffix FROM cyclone_history_days").fetchall():
-            for t in TABLES:
-                c.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{suffix}")
-                c.execute(f"DROP TABLE {t}_{suffix}")
-        c.execute("DELETE FROM cyclone_history_days")
-        start = c.execute("SELECT cyclone__day_uuid(now() - make_interval(days => %s))", (days,)).fetchone()[0]
-        for t in TABLES:
-            c.execute(f"CREATE TABLE {t}_first (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
-            c.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_first FOR VALUES FROM (MINVALUE) TO ('{start}')")
-        c.execute("INSERT INTO cyclone_history_days VALUES ('00000000-0000-0000-0000-000000000000', %s, 'first')",
-                  (start,))
+        drop_days(c)
+        c.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - make_interval(days => %s)), "
+                  "'first', NULL)", (days,))
         c.execute("SELECT cyclone_history_ensure()")
 
 
 def make_day(url: str, days_ago: int) -> None:
     """The partitions of the day `days_ago` days before today again, after it was dropped."""
     with psycopg.connect(url, autocommit=True) as c:
-        lo, hi, suffix = c.execute(
-            "SELECT cyclone__day_uuid(d), cyclone__day_uuid(d + interval '1 day'), to_char(d, 'YYYYMMDD') "
-            "FROM (SELECT (now() AT TIME ZONE 'UTC')::date - %s AS d) x", (days_ago,)).fetchone()
-        if c.execute("SELECT 1 FROM cyclone_history_days WHERE lo = %s", (lo,)).fetchone():
-            return
-        for t in TABLES:
-            c.execute(f"CREATE TABLE {t}_{suffix} (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
-            c.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_{suffix} FOR VALUES FROM ('{lo}') TO ('{hi}')")
-        c.execute("INSERT INTO cyclone_history_days VALUES (%s, %s, %s)", (lo, hi, suffix))
+        c.execute("SELECT cyclone__history_day_make(cyclone__day_uuid(d), cyclone__day_uuid(d + interval '1 day'), "
+                  "to_char(d, 'YYYYMMDD'), (SELECT x.suffix FROM cyclone_history_days x ORDER BY x.hi DESC LIMIT 1)) "
+                  "FROM (SELECT ((now() AT TIME ZONE 'UTC')::date - %s)::timestamp AT TIME ZONE 'UTC' AS d) y",
+                  (days_ago,))
 
 
 def load_history(url: str, total: int, per_day: int, first_day: int) -> float:

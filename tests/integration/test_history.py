@@ -34,12 +34,8 @@ async def history_from(conn, days_ago: int) -> None:
             await conn.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{row['suffix']}")
             await conn.execute(f"DROP TABLE {t}_{row['suffix']}")
     await conn.execute("DELETE FROM cyclone_history_days")
-    start = (await fetch_one(conn, "SELECT cyclone__day_uuid(now() - make_interval(days => %s)) AS u", days_ago))["u"]
-    for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
-        await conn.execute(f"CREATE TABLE {t}_first (LIKE {t} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
-        await conn.execute(f"ALTER TABLE {t} ATTACH PARTITION {t}_first FOR VALUES FROM (MINVALUE) TO ('{start}')")
-    await conn.execute("INSERT INTO cyclone_history_days VALUES ('00000000-0000-0000-0000-000000000000', %s, "
-                       "'first')", (start,))
+    await conn.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - make_interval(days => %s)), "
+                       "'first', NULL)", (days_ago,))
     made = (await fetch_one(conn, "SELECT cyclone_history_ensure() AS n"))["n"]
     assert made == days_ago + 3
 

@@ -28,21 +28,40 @@ LANGUAGE sql IMMUTABLE AS $$
             AT TIME ZONE 'UTC')::date
 $$;
 
+-- Make one day: the three tables of ids [p_lo, p_hi) (p_lo NULL: every id before p_hi, the
+-- first partition), empty, attached to their parents and listed in cyclone_history_days. The
+-- tables take the parents' columns, constraints and indexes, and the storage settings
+-- (autovacuum's, migration 0004) of the partitions named p_like_suffix, when given. Attaching
+-- an empty table takes the parent's SHARE UPDATE EXCLUSIVE lock, which no claim, result or
+-- submit waits for. The caller holds the 'cyclone.history' advisory lock.
+CREATE OR REPLACE FUNCTION cyclone__history_day_make(p_lo uuid, p_hi uuid, p_suffix text, p_like_suffix text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    opts text[];
+BEGIN
+    FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
+        EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
+                       t || '_' || p_suffix, t);
+        SELECT c.reloptions INTO opts FROM pg_class c WHERE c.oid = to_regclass(t || '_' || p_like_suffix);
+        IF opts IS NOT NULL THEN
+            EXECUTE format('ALTER TABLE %I SET (%s)', t || '_' || p_suffix, array_to_string(opts, ', '));
+        END IF;
+        EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%L)', t, t || '_' || p_suffix,
+                       COALESCE(quote_literal(p_lo), 'MINVALUE'), p_hi);
+    END LOOP;
+    INSERT INTO cyclone_history_days (lo, hi, suffix)
+    VALUES (COALESCE(p_lo, '00000000-0000-0000-0000-000000000000'), p_hi, p_suffix);
+END $$;
+
 -- Make the days from the end of the last one to p_days_ahead days after today (UTC), each
--- as three empty tables attached to their parents: the tables take the parents' columns,
--- constraints and indexes, and the storage settings (autovacuum's, migration 0004) of the
--- day before. Attaching an empty table takes the parent's SHARE UPDATE EXCLUSIVE lock,
--- which no claim, result or submit waits for. Returns how many days it made.
+-- like the day before (cyclone__history_day_make). Returns how many days it made.
 CREATE OR REPLACE FUNCTION cyclone_history_ensure(p_days_ahead integer DEFAULT 2)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     goal uuid := cyclone__day_uuid(now() + make_interval(days => p_days_ahead + 1));
     last cyclone_history_days;
     day date;
-    suffix text;
-    hi uuid;
-    t text;
-    opts text[];
     made integer := 0;
 BEGIN
     IF (SELECT d.hi FROM cyclone_history_days d ORDER BY d.hi DESC LIMIT 1) >= goal THEN
@@ -53,19 +72,8 @@ BEGIN
         SELECT * INTO last FROM cyclone_history_days d ORDER BY d.hi DESC LIMIT 1;
         EXIT WHEN last.hi >= goal;
         day := cyclone__uuid_day(last.hi);
-        suffix := to_char(day, 'YYYYMMDD');
-        hi := cyclone__day_uuid((day + 1)::timestamp AT TIME ZONE 'UTC');
-        FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
-            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE)',
-                           t || '_' || suffix, t);
-            SELECT c.reloptions INTO opts FROM pg_class c WHERE c.oid = to_regclass(t || '_' || last.suffix);
-            IF opts IS NOT NULL THEN
-                EXECUTE format('ALTER TABLE %I SET (%s)', t || '_' || suffix, array_to_string(opts, ', '));
-            END IF;
-            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
-                           t, t || '_' || suffix, last.hi, hi);
-        END LOOP;
-        INSERT INTO cyclone_history_days (lo, hi, suffix) VALUES (last.hi, hi, suffix);
+        PERFORM cyclone__history_day_make(last.hi, cyclone__day_uuid((day + 1)::timestamp AT TIME ZONE 'UTC'),
+                                          to_char(day, 'YYYYMMDD'), last.suffix);
         made := made + 1;
     END LOOP;
     RETURN made;
