@@ -12,6 +12,7 @@ import pytest
 from engine_helpers import fetch, fetch_one, finish, start, task
 
 from cyclone_server.records import Job
+from cyclone_server.store import runs as runs_module
 from cyclone_server.store.engine import Engine
 
 pytestmark = pytest.mark.statemachine
@@ -230,20 +231,120 @@ async def test_a_run_that_ends_again_while_its_day_is_read_keeps_the_day(engine:
     ended too recently, and the drop, checking again under the lock, leaves the day."""
     made = await dropped_day_setup(engine, conn)
     old = made["old"]
-    # The read of the day, then (as if a RetryRun and its run's end came in between) one of
-    # its runs ending now.
-    await conn.execute("ALTER FUNCTION cyclone__history_day_due(cyclone_history_days, interval, boolean) "
-                       "RENAME TO history_day_due_read")
+    # A slice of the day read, then (as if a RetryRun and its run's end came in between, in
+    # the pause after it) one of its runs ending now.
+    await conn.execute("ALTER FUNCTION cyclone__history_day_read(uuid, interval, boolean, bigint, bigint) "
+                       "RENAME TO history_day_read_slice")
     await conn.execute("""
-        CREATE FUNCTION cyclone__history_day_due(p_day cyclone_history_days, p_age interval, p_sweep boolean)
-        RETURNS bigint LANGUAGE plpgsql AS $$
-        DECLARE n bigint := history_day_due_read(p_day, p_age, p_sweep);
+        CREATE FUNCTION cyclone__history_day_read(p_lo uuid, p_age interval, p_sweep boolean, p_page bigint,
+                                                  p_pages bigint, OUT runs bigint, OUT blocked boolean,
+                                                  OUT next_page bigint)
+        LANGUAGE plpgsql AS $$
         BEGIN
-            IF n > 0 AND '%s' >= p_day.lo AND '%s' < p_day.hi THEN  -- the day read was found due
+            SELECT * INTO runs, blocked, next_page FROM history_day_read_slice(p_lo, p_age, p_sweep, p_page, p_pages);
+            IF runs > 0 AND NOT blocked AND EXISTS (SELECT 1 FROM cyclone_history_days d
+                                                     WHERE d.lo = p_lo AND '%s' >= d.lo AND '%s' < d.hi) THEN
                 UPDATE cyclone_runs SET finished_at = clock_timestamp() WHERE id = '%s';
             END IF;
-            RETURN n;
         END $$""" % (old[0], old[0], old[0]))
     assert await drop_to_runs(engine) is None
     assert day_of(old[0]) in await days(conn)
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == len(old)
+
+
+@pytest.mark.parametrize("last", ["due", "own retention"])
+async def test_a_day_is_read_in_slices_of_its_pages(engine: Engine, conn, monkeypatch, last: str) -> None:
+    """The sweep reads a day a slice of its pages at a time, each in its own transaction:
+    every run is counted once, and a run that must stay, in the day's last page, keeps it."""
+    monkeypatch.setattr(runs_module, "HISTORY_READ_PAGES", 1)
+    await history_from(conn, 3)
+    ids = [r[0] for r in await engine.enqueue_many([Job("old", input="x" * 400) for _ in range(60)])]
+    leases = await engine.claim("w1", ["old"], limit=100, lease_ttl=30.0)
+    assert len(leases) == 60
+    for lease in leases:
+        assert await engine.complete(lease["step_id"], lease["lease_generation"], None) == "applied"
+    moved = await move_back(conn, ids, 2, finished_days_ago=2)
+    part = f"cyclone_runs_{day_of(moved[0])}"
+    if last == "own retention":  # the run in the last page ends 5 days after it ended
+        await conn.execute(f"UPDATE {part} SET retention = interval '5 days' "
+                           f"WHERE ctid = (SELECT max(ctid) FROM {part})")
+    pages = (await fetch_one(conn, "SELECT pg_relation_size(%s) / 8192 AS n", part))["n"]
+    assert pages >= 3  # (60 runs of 400 bytes of input)
+    lo = (await fetch_one(conn, "SELECT lo FROM cyclone_history_days WHERE suffix = %s", day_of(moved[0])))["lo"]
+    reads = []
+    real = engine._one
+
+    async def counting(query: str, /, **params):
+        if query == "history_read" and params["lo"] == lo:
+            reads.append(params["page"])
+        return await real(query, **params)
+    monkeypatch.setattr(engine, "_one", counting)
+    n = await drop_to_runs(engine)
+    if last == "due":
+        assert reads == list(range(pages))  # one page at a time, to the last
+        assert n == 60
+        assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", moved) == 0
+    else:
+        # read to its last page twice: the empty day after it went first, then no day could
+        assert n is None and reads == list(range(pages)) * 2
+        assert day_of(moved[0]) in await days(conn)
+        assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", moved) == 60
+
+
+async def test_a_day_whose_steps_could_not_be_locked_goes_at_the_next_sweep(engine: Engine, conn, db_url: str,
+                                                                         monkeypatch) -> None:
+    """The sweep detaches a day's partitions one per transaction, then drops them: when the
+    steps' lock is not had, the runs are gone already, and the next sweep takes the rest."""
+    monkeypatch.setattr(runs_module, "HISTORY_DROP_TRIES", 1)
+    made = await dropped_day_setup(engine, conn)
+    old = made["old"]
+    day = day_of(old[0])
+    for _ in range(3):  # the empty days before it
+        assert await engine.drop_history_day(86400.0) == 0
+    with psycopg.connect(db_url) as reader:  # a transaction reading the steps holds their lock
+        reader.execute("SELECT count(*) FROM cyclone_steps").fetchone()
+        assert await engine.drop_history_day(86400.0) == -1
+        reader.rollback()
+    assert day in await days(conn)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == 0
+    assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])", old) > 0
+    assert await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = %s", f"cyclone_steps_{day}")
+    assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = %s", f"cyclone_runs_{day}")  # dropped
+    assert await drop_to_runs(engine) is None  # the rest of the day went (0 runs), then no day could
+    assert day not in await days(conn)
+    assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])", old) == 0
+    assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = ANY (%s)",
+                           [f"{t}_{day}" for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")])
+
+
+async def test_one_call_drops_a_day_for_an_operator(engine: Engine, conn) -> None:
+    """cyclone_history_drop: the read and the three partitions in one call."""
+    made = await dropped_day_setup(engine, conn)
+    day = day_of(made["old"][0])
+    dropped = []
+    while (n := (await fetch_one(conn, "SELECT cyclone_history_drop(interval '1 day') AS n"))["n"]) is not None:
+        dropped.append(n)
+    # the first partition, two empty days, that day, then yesterday (the next day holds the child
+    # run, which waits for cyclone_history_tidy)
+    assert dropped == [0, 0, 0, 5, 0]
+    assert day not in await days(conn)
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == 0
+
+
+async def test_a_day_detached_and_not_dropped_goes_at_the_next_sweep(engine: Engine, conn) -> None:
+    """A sweep that stopped after detaching a day's partitions (its server killed) left
+    tables no query reaches: the next sweep drops them."""
+    made = await dropped_day_setup(engine, conn)
+    day = day_of(made["old"][0])
+    lo = (await fetch_one(conn, "SELECT lo FROM cyclone_history_days WHERE suffix = %s", day))["lo"]
+    for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
+        assert (await fetch_one(conn, "SELECT cyclone_history_detach_part(%s, %s, now()) AS done", lo, t))["done"]
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == 0
+    assert day in await days(conn)
+    ns = []
+    while (n := await engine.drop_history_day(86400.0)) is not None:
+        ns.append(n)
+    assert ns == [0, 0, 0, 0, 0]  # the first partition, two empty days, that day (no run left), yesterday
+    assert day not in await days(conn)
+    assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = ANY (%s)",
+                           [f"{t}_{day}" for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")])

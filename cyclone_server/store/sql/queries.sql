@@ -118,8 +118,17 @@ SELECT signal_id, consumed_by FROM cyclone_run_signal(%(run_id)s, %(name)s, %(pa
 -- name: runs_purge
 SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 
--- name: history_drop
-SELECT cyclone_history_drop(%(age)s, true) AS dropped;
+-- name: history_next
+SELECT d.lo, clock_timestamp() AS read_at FROM cyclone__history_day_next(%(age)s, %(after)s) d;
+
+-- name: history_read
+SELECT runs, blocked, next_page FROM cyclone__history_day_read(%(lo)s, %(age)s, true, %(page)s, %(pages)s);
+
+-- name: history_detach_part
+SELECT cyclone_history_detach_part(%(lo)s, %(table)s, %(read_at)s) AS done;
+
+-- name: history_drop_detached
+SELECT cyclone_history_drop_detached(%(lo)s) AS gone;
 
 -- name: history_tidy
 SELECT cyclone_history_tidy(%(limit)s) AS deleted;

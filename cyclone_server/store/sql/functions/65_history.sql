@@ -81,110 +81,229 @@ END $$;
 
 -- Whether every run of a day may go now, as cyclone_runs_purge would pick it or take it with
 -- its parent (60_retention.sql): terminal, old enough, and either top-level, a child of a run
--- of the same day (which goes too), or one cyclone_runs_purge would pick on its own. Reads the
--- whole day once (cheap checks by index first); returns the number of its runs, or NULL when
--- one of them must stay.
-CREATE OR REPLACE FUNCTION cyclone__history_day_due(p_day cyclone_history_days, p_age interval, p_sweep boolean)
-RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
+-- of the same day (which goes too), or one cyclone_runs_purge would pick on its own. The
+-- retention sweep asks in three parts, so that it never takes a core from the claims for
+-- long: cyclone__history_day_next (two checks an index answers), cyclone__history_day_read
+-- (the day's runs, a slice of its pages at a time, each slice in its own transaction with a
+-- pause after it: Engine.drop_history_day) and cyclone_history_detach_part (checks again
+-- under the runs' lock what may have changed since the read began, and detaches the day's
+-- partitions, one per transaction), then cyclone_history_drop_detached.
+DROP FUNCTION IF EXISTS cyclone__history_day_due(cyclone_history_days, interval, boolean);
+
+-- Whether the table named p_name is a partition (of a day not detached, nor dropped).
+CREATE OR REPLACE FUNCTION cyclone__history_attached(p_name text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = to_regclass(p_name) AND c.relispartition)
+$$;
+
+-- The oldest day before today (UTC) after the one starting at p_after (NULL: from the first)
+-- with no run running or paused and none ended within p_age: the days whose read may find
+-- them due (cyclone__history_day_read). Both checks by index.
+CREATE OR REPLACE FUNCTION cyclone__history_day_next(p_age interval, p_after uuid)
+RETURNS SETOF cyclone_history_days LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
-    part text := 'cyclone_runs_' || p_day.suffix;
-    n bigint;
+    d cyclone_history_days;
     blocked boolean;
 BEGIN
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))', part)
-       INTO blocked;
-    IF blocked THEN
-        RETURN NULL;
-    END IF;
-    IF p_age IS NOT NULL THEN  -- the newest end first (cyclone_runs_finished)
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
-                       ' AND r.finished_at > now() - $1)', part) USING p_age INTO blocked;
-        IF blocked THEN
-            RETURN NULL;
+    FOR d IN SELECT * FROM cyclone_history_days x
+              WHERE x.hi <= cyclone__day_uuid(now()) AND (p_after IS NULL OR x.lo > p_after) ORDER BY x.lo LOOP
+        IF cyclone__history_attached('cyclone_runs_' || d.suffix) THEN  -- (else its runs went, its steps not yet)
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
+                           'cyclone_runs_' || d.suffix) INTO blocked;
+            CONTINUE WHEN blocked;
+            IF p_age IS NOT NULL THEN  -- the newest end first (cyclone_runs_finished)
+                EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
+                               ' AND r.finished_at > now() - $1)', 'cyclone_runs_' || d.suffix) USING p_age INTO blocked;
+                CONTINUE WHEN blocked;
+            END IF;
         END IF;
-    END IF;
-    EXECUTE format(
-        'SELECT count(*), bool_or(NOT (r.state IN (''completed'', ''failed'', ''cancelled'')'
-        '   AND cyclone__purge_due(r.finished_at, r.retention, $1, $2)'
-        '   AND (r.parent_run_id IS NULL OR (r.parent_run_id >= $3 AND r.parent_run_id < $4)'
-        '        OR cyclone__purge_alone(r.parent_run_id, $1, $2))))'
-        '  FROM %I r', part)
-       USING p_age, p_sweep, p_day.lo, p_day.hi INTO n, blocked;
-    IF blocked THEN
-        RETURN NULL;
-    END IF;
-    RETURN n;
+        RETURN NEXT d;
+        RETURN;
+    END LOOP;
 END $$;
 
--- The retention sweep's first part: drop the oldest day before today (UTC) whose runs may all
--- go (cyclone__history_day_due, with cyclone_runs_purge's p_age and p_sweep), as whole
--- partitions: its runs, steps and edges. Returns how many runs went with it (0: an empty day);
--- -1 when a day may go but its lock was not had in five tries (try again later); NULL
--- when no day may go.
+-- Read the runs of the day starting at p_lo in its pages [p_page, p_page + p_pages) (p_pages
+-- NULL: to the end): how many there are, whether one of them must stay, and the page to read
+-- from next (NULL: the read reached the table's end, as it is now). A slice of pages is read
+-- in the table's order (a TID range scan), as cheaply per run as a whole scan. A day no
+-- longer listed (another server dropped it) has a run that must stay, as far as its caller
+-- knows; a day whose runs were dropped, and its steps or edges not yet, has none.
+CREATE OR REPLACE FUNCTION cyclone__history_day_read(p_lo uuid, p_age interval, p_sweep boolean, p_page bigint,
+                                                     p_pages bigint, OUT runs bigint, OUT blocked boolean,
+                                                     OUT next_page bigint)
+LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    d cyclone_history_days;
+    part text;
+    pages bigint;
+BEGIN
+    SELECT * INTO d FROM cyclone_history_days x WHERE x.lo = p_lo;
+    IF NOT FOUND THEN
+        runs := 0;
+        blocked := true;
+        RETURN;
+    END IF;
+    part := 'cyclone_runs_' || d.suffix;
+    IF NOT cyclone__history_attached(part) THEN  -- its runs went, its steps or edges not yet
+        runs := 0;
+        blocked := false;
+        RETURN;
+    END IF;
+    pages := pg_relation_size(part::regclass) / current_setting('block_size')::bigint;
+    next_page := CASE WHEN p_pages IS NULL OR p_page + p_pages >= pages THEN NULL ELSE p_page + p_pages END;
+    EXECUTE format(
+        'SELECT count(*), COALESCE(bool_or(NOT (r.state IN (''completed'', ''failed'', ''cancelled'')'
+        '   AND cyclone__purge_due(r.finished_at, r.retention, $1, $2)'
+        '   AND (r.parent_run_id IS NULL OR (r.parent_run_id >= $3 AND r.parent_run_id < $4)'
+        '        OR cyclone__purge_alone(r.parent_run_id, $1, $2)))), false)'
+        '  FROM %I r WHERE r.ctid >= $5 AND r.ctid < $6', part)
+       USING p_age, p_sweep, d.lo, d.hi, format('(%s,0)', p_page)::tid,
+             format('(%s,0)', COALESCE(next_page, 4294967294))::tid
+       INTO runs, blocked;
+END $$;
+
+-- The retention sweep's last part: detach one table's partition of the day starting at
+-- p_lo, whose runs a read that began at p_read_at found all due. The sweep calls it for
+-- cyclone_runs, then cyclone_steps, then cyclone_step_deps, each in its own transaction, then
+-- cyclone_history_drop_detached. Detaching takes the parent's ACCESS EXCLUSIVE lock, which
+-- every claim and result waits for, and which waits for every transaction using the parent;
+-- a transaction that held one parent's while it waited for another's would wait for claims
+-- and results that wait for it (a claim locks steps, then runs) until its lock timeout. The
+-- lock is held only to check again, by index, and to detach: a change of the catalog,
+-- milliseconds, and at most p_lock_wait more while it waits (each of up to five tries, 50 ms
+-- apart). The detached table is dropped without it: deleting its files takes longer, and
+-- nothing waits for it then.
 --
--- Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which every claim and
--- result waits for, and which waits for every transaction using the parent. The day is read
--- before (no lock but the readers'), so the lock is held only to check again, by index, that
--- no run went back to running meanwhile, or ended since the read began (a Retry, and the
--- retried run's end), and to drop the tables: milliseconds, and
--- at most p_lock_wait more while it waits (each of up to five tries, 50 ms apart). The day's
--- signals, and the child runs of its runs made on later days, are deleted afterwards by
--- cyclone_history_tidy (the range is noted in cyclone_history_dropped): between the two, such
--- a child run is listed without its parent.
+-- Returns true when the partition is detached (now, or before); false when the lock was not
+-- had, or another server makes or drops days now (try again later); NULL, for cyclone_runs,
+-- when the day is no longer listed, or one of its runs went back to running or ended since
+-- p_read_at (a Retry, and the retried run's end: the next sweep reads the day again). With
+-- cyclone_runs' partition the day's runs are gone; its steps and edges, which nothing
+-- reaches but by their runs, go next. Its signals, and the child runs of its runs made on
+-- later days, are deleted afterwards by cyclone_history_tidy (the range is noted in
+-- cyclone_history_dropped): between the two, such a child run is listed without its parent.
+CREATE OR REPLACE FUNCTION cyclone_history_detach_part(p_lo uuid, p_table text, p_read_at timestamptz,
+                                                       p_lock_wait interval DEFAULT '100 ms')
+RETURNS boolean LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    d cyclone_history_days;
+    part text;
+    back boolean;
+    wait text := current_setting('lock_timeout');
+    locked boolean;
+BEGIN
+    IF p_table NOT IN ('cyclone_runs', 'cyclone_steps', 'cyclone_step_deps') THEN
+        RAISE EXCEPTION 'not a table of history: %', p_table USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO d FROM cyclone_history_days x WHERE x.lo = p_lo;
+    IF NOT FOUND THEN
+        RETURN CASE WHEN p_table = 'cyclone_runs' THEN NULL ELSE true END;
+    END IF;
+    part := p_table || '_' || d.suffix;
+    IF NOT cyclone__history_attached(part) THEN
+        RETURN true;  -- detached before
+    END IF;
+    -- A few tries, 50 ms apart: the read before is what costs, not the wait.
+    FOR attempt IN 1 .. 5 LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
+            EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', p_table);
+            locked := true;
+        EXCEPTION WHEN lock_not_available THEN
+            locked := false;
+        END;
+        EXIT WHEN locked;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    PERFORM set_config('lock_timeout', wait, true);
+    IF NOT locked THEN
+        RETURN false;
+    END IF;
+    IF p_table = 'cyclone_runs' THEN
+        -- What may have changed since the read began: a run retried (running again), or
+        -- retried and ended again (it finished after the read began: too recently, maybe).
+        -- Both by index. A Retry locks its run first: none is under way now.
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))'
+                       ' OR EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
+                       ' AND r.finished_at >= $1)', part, part)
+           USING p_read_at INTO back;
+        IF back THEN
+            RETURN NULL;
+        END IF;
+        INSERT INTO cyclone_history_dropped (lo, hi) VALUES (d.lo, d.hi) ON CONFLICT (lo) DO NOTHING;
+    END IF;
+    EXECUTE format('ALTER TABLE %I DETACH PARTITION %I', p_table, part);
+    RETURN true;
+END $$;
+
+-- Drop the day's tables that are detached (cyclone_history_detach_part) and, once none of
+-- its three is left attached or not, take the day off cyclone_history_days. Returns whether
+-- the day is gone.
+CREATE OR REPLACE FUNCTION cyclone_history_drop_detached(p_lo uuid)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    d cyclone_history_days;
+    t text;
+    left_attached boolean := false;
+BEGIN
+    SELECT * INTO d FROM cyclone_history_days x WHERE x.lo = p_lo;
+    IF NOT FOUND THEN
+        RETURN true;
+    END IF;
+    FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
+        IF cyclone__history_attached(t || '_' || d.suffix) THEN
+            left_attached := true;
+        ELSE
+            EXECUTE format('DROP TABLE IF EXISTS %I', t || '_' || d.suffix);
+        END IF;
+    END LOOP;
+    IF left_attached THEN
+        RETURN false;
+    END IF;
+    DELETE FROM cyclone_history_days x WHERE x.lo = d.lo;
+    RETURN true;
+END $$;
+
+-- The three parts in one call and one transaction, the day read whole without a pause and
+-- its three partitions detached and dropped together: the oldest day before today whose runs may all go
+-- (with cyclone_runs_purge's p_age and p_sweep). Returns how many runs went with it (0: an
+-- empty day); -1 when a day may go but a lock was not had (try again later); NULL when no day
+-- may go. For an operator at psql, on a quiet database; the retention sweep reads in paced
+-- slices and detaches a partition per transaction (Engine.drop_history_day).
 CREATE OR REPLACE FUNCTION cyclone_history_drop(p_age interval, p_sweep boolean DEFAULT true,
                                                 p_lock_wait interval DEFAULT '100 ms')
 RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     d cyclone_history_days;
-    n bigint;
-    back boolean;
-    t text;
-    wait text;
-    locked boolean;
+    r record;
     read_at timestamptz;
+    after uuid;
+    t text;
+    done boolean;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
-        RETURN -1;  -- another server makes or drops days now
-    END IF;
-    FOR d IN SELECT * FROM cyclone_history_days x WHERE x.hi <= cyclone__day_uuid(now()) ORDER BY x.lo LOOP
-        read_at := clock_timestamp();
-        n := cyclone__history_day_due(d, p_age, p_sweep);
-        CONTINUE WHEN n IS NULL;
-        -- A few tries, 50 ms apart: the read above is what costs, not the wait.
-        wait := current_setting('lock_timeout');
-        FOR attempt IN 1 .. 5 LOOP
-            BEGIN
-                PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
-                LOCK TABLE ONLY cyclone_runs, cyclone_steps, cyclone_step_deps IN ACCESS EXCLUSIVE MODE;
-                locked := true;
-            EXCEPTION WHEN lock_not_available THEN
-                locked := false;
-            END;
-            EXIT WHEN locked;
-            PERFORM pg_sleep(0.05);
-        END LOOP;
-        PERFORM set_config('lock_timeout', wait, true);
-        IF NOT locked THEN
-            RETURN -1;
-        END IF;
-        -- What may have changed since the read: a run retried (running again), or retried and
-        -- ended again (it finished after the read began: too recently, maybe). Both by index.
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))'
-                       ' OR EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''completed'', ''failed'', ''cancelled'')'
-                       ' AND r.finished_at >= $1)', 'cyclone_runs_' || d.suffix, 'cyclone_runs_' || d.suffix)
-           USING read_at INTO back;
-        IF back THEN  -- the next sweep reads the day again
+    LOOP
+        SELECT * INTO d FROM cyclone__history_day_next(p_age, after);
+        IF NOT FOUND THEN
             RETURN NULL;
         END IF;
+        after := d.lo;
+        read_at := clock_timestamp();
+        SELECT * INTO r FROM cyclone__history_day_read(d.lo, p_age, p_sweep, 0, NULL);
+        CONTINUE WHEN r.blocked;
         FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
-            EXECUTE format('ALTER TABLE %I DETACH PARTITION %I', t, t || '_' || d.suffix);
-            EXECUTE format('DROP TABLE %I', t || '_' || d.suffix);
+            done := cyclone_history_detach_part(d.lo, t, read_at, p_lock_wait);
+            IF done IS NULL THEN
+                RETURN NULL;
+            ELSIF NOT done THEN
+                RETURN -1;
+            END IF;
         END LOOP;
-        DELETE FROM cyclone_history_days x WHERE x.lo = d.lo;
-        INSERT INTO cyclone_history_dropped (lo, hi) VALUES (d.lo, d.hi) ON CONFLICT (lo) DO NOTHING;
-        RETURN n;
+        PERFORM cyclone_history_drop_detached(d.lo);
+        RETURN r.runs;
     END LOOP;
-    RETURN NULL;
 END $$;
 
 -- After cyclone_history_drop: delete at most p_limit of the dropped days' signals and of the
