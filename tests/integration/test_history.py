@@ -210,7 +210,7 @@ async def test_a_drop_that_cannot_lock_at_once_gives_up_and_keeps_everything(eng
         assert await engine.drop_history_day(86400.0) == -1
         waited = time.monotonic() - began
         reader.rollback()
-    assert waited < 10  # it gave up (after 100 ms of waiting), it did not wait for the reader
+    assert waited < 10  # it gave up (three calls of five tries, a second apart), it did not wait for the reader
     assert await days(conn) == before
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == len(made["old"])
     assert await engine.drop_history_day(86400.0) == 5
@@ -226,13 +226,32 @@ async def test_an_idempotency_key_finds_its_run_on_an_earlier_day(engine: Engine
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE idempotency_key = 'k1'") == 1
 
 
-async def test_a_run_that_ends_again_while_its_day_is_read_keeps_the_day(engine: Engine, conn) -> None:
-    """The day is read without the tables' lock: a run retried and ended again meanwhile has
-    ended too recently, and the drop, checking again under the lock, leaves the day."""
+async def record_reads(conn) -> None:
+    """cyclone__history_day_read notes each call's day and first page in history_reads."""
+    await conn.execute("CREATE TABLE history_reads (n bigserial, lo uuid, page bigint)")
+    await conn.execute("ALTER FUNCTION cyclone__history_day_read(uuid, interval, boolean, bigint, bigint) "
+                       "RENAME TO history_day_read_slice")
+    await conn.execute("""
+        CREATE FUNCTION cyclone__history_day_read(p_lo uuid, p_age interval, p_sweep boolean, p_page bigint,
+                                                  p_pages bigint, OUT runs bigint, OUT blocked boolean,
+                                                  OUT next_page bigint)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO history_reads (lo, page) VALUES (p_lo, p_page);
+            SELECT * INTO runs, blocked, next_page FROM history_day_read_slice(p_lo, p_age, p_sweep, p_page, p_pages);
+        END $$""")
+
+
+@pytest.mark.parametrize("change", ["ended again", "running again"])
+async def test_a_run_retried_while_its_day_is_read_keeps_the_day(engine: Engine, conn, change: str) -> None:
+    """The day is read without the tables' lock: a run retried meanwhile (running again, or
+    ended again too recently), and the detach, checking again under the lock, leaves the day."""
     made = await dropped_day_setup(engine, conn)
     old = made["old"]
-    # A slice of the day read, then (as if a RetryRun and its run's end came in between, in
-    # the pause after it) one of its runs ending now.
+    # A slice of the day read, then (as if a RetryRun, and maybe its run's end, came in
+    # between, in the pause after it) one of its runs changing.
+    change_sql = {"ended again": "UPDATE cyclone_runs SET finished_at = clock_timestamp() WHERE id = '%s'",
+                  "running again": "UPDATE cyclone_runs SET state = 'running', finished_at = NULL WHERE id = '%s'"}
     await conn.execute("ALTER FUNCTION cyclone__history_day_read(uuid, interval, boolean, bigint, bigint) "
                        "RENAME TO history_day_read_slice")
     await conn.execute("""
@@ -244,9 +263,9 @@ async def test_a_run_that_ends_again_while_its_day_is_read_keeps_the_day(engine:
             SELECT * INTO runs, blocked, next_page FROM history_day_read_slice(p_lo, p_age, p_sweep, p_page, p_pages);
             IF runs > 0 AND NOT blocked AND EXISTS (SELECT 1 FROM cyclone_history_days d
                                                      WHERE d.lo = p_lo AND '%s' >= d.lo AND '%s' < d.hi) THEN
-                UPDATE cyclone_runs SET finished_at = clock_timestamp() WHERE id = '%s';
+                %s;
             END IF;
-        END $$""" % (old[0], old[0], old[0]))
+        END $$""" % (old[0], old[0], change_sql[change] % old[0]))
     assert await drop_to_runs(engine) is None
     assert day_of(old[0]) in await days(conn)
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == len(old)
@@ -271,22 +290,17 @@ async def test_a_day_is_read_in_slices_of_its_pages(engine: Engine, conn, monkey
     pages = (await fetch_one(conn, "SELECT pg_relation_size(%s) / 8192 AS n", part))["n"]
     assert pages >= 3  # (60 runs of 400 bytes of input)
     lo = (await fetch_one(conn, "SELECT lo FROM cyclone_history_days WHERE suffix = %s", day_of(moved[0])))["lo"]
-    reads = []
-    real = engine._one
-
-    async def counting(query: str, /, **params):
-        if query == "history_read" and params["lo"] == lo:
-            reads.append(params["page"])
-        return await real(query, **params)
-    monkeypatch.setattr(engine, "_one", counting)
+    await record_reads(conn)
     n = await drop_to_runs(engine)
+    reads = [r["page"] for r in await fetch(conn, "SELECT page FROM history_reads WHERE lo = %s ORDER BY n", lo)]
     if last == "due":
         assert reads == list(range(pages))  # one page at a time, to the last
         assert n == 60
         assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", moved) == 0
     else:
-        # read to its last page twice: the empty day after it went first, then no day could
-        assert n is None and reads == list(range(pages)) * 2
+        # read to its last page once: the sweep then went on to the (empty) day after it,
+        # and did not read it again at the next call
+        assert n is None and reads == list(range(pages))
         assert day_of(moved[0]) in await days(conn)
         assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", moved) == 60
 
@@ -303,25 +317,32 @@ async def test_a_day_whose_steps_could_not_be_locked_goes_at_the_next_sweep(engi
         assert await engine.drop_history_day(86400.0) == 0
     with psycopg.connect(db_url) as reader:  # a transaction reading the steps holds their lock
         reader.execute("SELECT count(*) FROM cyclone_steps").fetchone()
-        assert await engine.drop_history_day(86400.0) == -1
+        assert await engine.drop_history_day(86400.0) == 5  # its runs went
         reader.rollback()
     assert day in await days(conn)
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == 0
     assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])", old) > 0
     assert await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = %s", f"cyclone_steps_{day}")
     assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = %s", f"cyclone_runs_{day}")  # dropped
-    assert await drop_to_runs(engine) is None  # the rest of the day went (0 runs), then no day could
+    assert await engine.drop_history_day(86400.0) == 0  # the rest of the day (no runs left)
     assert day not in await days(conn)
     assert await count(conn, "SELECT 1 FROM cyclone_steps WHERE run_id = ANY (%s::uuid[])", old) == 0
     assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = ANY (%s)",
                            [f"{t}_{day}" for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")])
 
 
-async def test_one_call_drops_a_day_for_an_operator(engine: Engine, conn) -> None:
-    """cyclone_history_drop: the read and the three partitions in one call."""
+async def test_one_call_drops_a_day_for_an_operator(engine: Engine, conn, db_url: str) -> None:
+    """cyclone_history_drop: the read and the three partitions in one call, all or nothing."""
     made = await dropped_day_setup(engine, conn)
     day = day_of(made["old"][0])
     dropped = []
+    for _ in range(3):  # the first partition and two empty days
+        dropped.append((await fetch_one(conn, "SELECT cyclone_history_drop(interval '1 day') AS n"))["n"])
+    with psycopg.connect(db_url) as reader:  # a transaction reading the steps holds their lock
+        reader.execute("SELECT count(*) FROM cyclone_steps").fetchone()
+        assert (await fetch_one(conn, "SELECT cyclone_history_drop(interval '1 day', true, '10 ms') AS n"))["n"] == -1
+        reader.rollback()
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == 5  # none went
     while (n := (await fetch_one(conn, "SELECT cyclone_history_drop(interval '1 day') AS n"))["n"]) is not None:
         dropped.append(n)
     # the first partition, two empty days, that day, then yesterday (the next day holds the child
@@ -348,3 +369,28 @@ async def test_a_day_detached_and_not_dropped_goes_at_the_next_sweep(engine: Eng
     assert day not in await days(conn)
     assert not await fetch(conn, "SELECT 1 FROM pg_class WHERE relname = ANY (%s)",
                            [f"{t}_{day}" for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")])
+
+
+async def test_servers_sweep_days_one_at_a_time(engine: Engine, conn, db_url: str) -> None:
+    """One server sweeps days at a time: while another holds the sweep, a sweep is told so
+    (-1) and reads nothing; two sweeps at once drop the day once, its runs counted once."""
+    made = await dropped_day_setup(engine, conn)
+    await record_reads(conn)
+    with psycopg.connect(db_url, autocommit=True) as holder:  # another server's sweep under way
+        holder.execute("SELECT pg_advisory_lock(hashtextextended('cyclone.history.sweep', 0))")
+        assert await engine.drop_history_day(86400.0) == -1
+        holder.execute("SELECT pg_advisory_unlock(hashtextextended('cyclone.history.sweep', 0))")
+    assert await count(conn, "SELECT 1 FROM history_reads") == 0
+    other = await Engine.open(db_url, min_size=1, max_size=2)
+    try:
+        results: list[int | None] = []
+
+        async def sweep(e: Engine) -> None:
+            while (n := await e.drop_history_day(86400.0)) not in (None, -1):
+                results.append(n)
+            results.append(n)
+        await asyncio.gather(sweep(engine), sweep(other))
+    finally:
+        await other.close()
+    assert [n for n in results if n] in ([5, -1], [-1, 5], [5])  # the day's five runs, once
+    assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == 0

@@ -118,6 +118,12 @@ SELECT signal_id, consumed_by FROM cyclone_run_signal(%(run_id)s, %(name)s, %(pa
 -- name: runs_purge
 SELECT cyclone_runs_purge(%(age)s, %(limit)s, %(sweep)s) AS deleted;
 
+-- name: history_sweep_lock
+SELECT pg_try_advisory_lock(hashtextextended('cyclone.history.sweep', 0)) AS locked;
+
+-- name: history_sweep_unlock
+SELECT pg_advisory_unlock(hashtextextended('cyclone.history.sweep', 0)) AS unlocked;
+
 -- name: history_next
 SELECT d.lo, clock_timestamp() AS read_at FROM cyclone__history_day_next(%(age)s, %(after)s) d;
 

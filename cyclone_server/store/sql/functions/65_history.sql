@@ -169,9 +169,9 @@ END $$;
 -- every claim and result waits for, and which waits for every transaction using the parent;
 -- a transaction that held one parent's while it waited for another's would wait for claims
 -- and results that wait for it (a claim locks steps, then runs) until its lock timeout. The
--- lock is held only to check again, by index, and to detach: a change of the catalog,
--- milliseconds, and at most p_lock_wait more while it waits (each of up to five tries, 50 ms
--- apart). The detached table is dropped without it: deleting its files takes longer, and
+-- lock (the partition's too) is held only to check again, by index, and to detach: a change
+-- of the catalog, milliseconds, and at most p_lock_wait more while it waits (each of up to
+-- five tries, 50 ms apart). The detached table is dropped without it: deleting its files takes longer, and
 -- nothing waits for it then.
 --
 -- Returns true when the partition is detached (now, or before); false when the lock was not
@@ -206,11 +206,13 @@ BEGIN
     IF NOT cyclone__history_attached(part) THEN
         RETURN true;  -- detached before
     END IF;
-    -- A few tries, 50 ms apart: the read before is what costs, not the wait.
+    -- A few tries, 50 ms apart: the read before is what costs, not the wait. The partition's
+    -- lock too (DETACH takes it): an autovacuum of the day, or another reader of it, would
+    -- otherwise make the DETACH wait, holding the parent's, for as long as it runs.
     FOR attempt IN 1 .. 5 LOOP
         BEGIN
             PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
-            EXECUTE format('LOCK TABLE ONLY %I IN ACCESS EXCLUSIVE MODE', p_table);
+            EXECUTE format('LOCK TABLE ONLY %I, %I IN ACCESS EXCLUSIVE MODE', p_table, part);
             locked := true;
         EXCEPTION WHEN lock_not_available THEN
             locked := false;
@@ -240,27 +242,40 @@ BEGIN
 END $$;
 
 -- Drop the day's tables that are detached (cyclone_history_detach_part) and, once none of
--- its three is left attached or not, take the day off cyclone_history_days. Returns whether
--- the day is gone.
+-- its three is left attached or not, take the day off cyclone_history_days. A detached table
+-- is reached by nothing but an autovacuum of it (which a DROP cancels, unless it prevents
+-- wraparound): each DROP waits for its lock at most 1 s, and a table it does not get is left
+-- to the next call. Returns whether the day is gone; false too when another server makes or
+-- drops days now.
 CREATE OR REPLACE FUNCTION cyclone_history_drop_detached(p_lo uuid)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     d cyclone_history_days;
     t text;
-    left_attached boolean := false;
+    left_behind boolean := false;
+    wait text := current_setting('lock_timeout');
 BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone.history', 0)) THEN
+        RETURN false;
+    END IF;
     SELECT * INTO d FROM cyclone_history_days x WHERE x.lo = p_lo;
     IF NOT FOUND THEN
         RETURN true;
     END IF;
     FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
         IF cyclone__history_attached(t || '_' || d.suffix) THEN
-            left_attached := true;
+            left_behind := true;
         ELSE
-            EXECUTE format('DROP TABLE IF EXISTS %I', t || '_' || d.suffix);
+            BEGIN
+                PERFORM set_config('lock_timeout', '1000', true);
+                EXECUTE format('DROP TABLE IF EXISTS %I', t || '_' || d.suffix);
+            EXCEPTION WHEN lock_not_available THEN
+                left_behind := true;
+            END;
+            PERFORM set_config('lock_timeout', wait, true);
         END IF;
     END LOOP;
-    IF left_attached THEN
+    IF left_behind THEN
         RETURN false;
     END IF;
     DELETE FROM cyclone_history_days x WHERE x.lo = d.lo;
@@ -268,11 +283,13 @@ BEGIN
 END $$;
 
 -- The three parts in one call and one transaction, the day read whole without a pause and
--- its three partitions detached and dropped together: the oldest day before today whose runs may all go
--- (with cyclone_runs_purge's p_age and p_sweep). Returns how many runs went with it (0: an
--- empty day); -1 when a day may go but a lock was not had (try again later); NULL when no day
--- may go. For an operator at psql, on a quiet database; the retention sweep reads in paced
--- slices and detaches a partition per transaction (Engine.drop_history_day).
+-- its three partitions detached and dropped together: the oldest day before today whose
+-- runs may all go (with cyclone_runs_purge's p_age and p_sweep). Returns how many runs went
+-- with it (0: an empty day); -1 when a day may go but a lock was not had (nothing changed: try
+-- again later); NULL when no day may go. For an operator at psql, on a quiet database: it
+-- holds each parent's lock while it waits for the next one's, which claims and results,
+-- locking them in another order, may hold. The retention sweep reads in paced slices and
+-- detaches a partition per transaction (Engine.drop_history_day).
 CREATE OR REPLACE FUNCTION cyclone_history_drop(p_age interval, p_sweep boolean DEFAULT true,
                                                 p_lock_wait interval DEFAULT '100 ms')
 RETURNS bigint LANGUAGE plpgsql SET jit = off AS $$
@@ -293,15 +310,22 @@ BEGIN
         read_at := clock_timestamp();
         SELECT * INTO r FROM cyclone__history_day_read(d.lo, p_age, p_sweep, 0, NULL);
         CONTINUE WHEN r.blocked;
-        FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
-            done := cyclone_history_detach_part(d.lo, t, read_at, p_lock_wait);
-            IF done IS NULL THEN
-                RETURN NULL;
-            ELSIF NOT done THEN
-                RETURN -1;
-            END IF;
-        END LOOP;
-        PERFORM cyclone_history_drop_detached(d.lo);
+        BEGIN  -- all three detached, or none (the subtransaction is undone)
+            FOREACH t IN ARRAY ARRAY['cyclone_runs', 'cyclone_steps', 'cyclone_step_deps'] LOOP
+                done := cyclone_history_detach_part(d.lo, t, read_at, p_lock_wait);
+                IF done IS NULL THEN
+                    RETURN NULL;
+                ELSIF NOT done THEN
+                    RAISE EXCEPTION USING ERRCODE = 'lock_not_available';
+                END IF;
+            END LOOP;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN -1;
+        END;
+        IF NOT cyclone_history_drop_detached(d.lo) THEN
+            RAISE EXCEPTION 'the detached tables of day % could not be dropped', d.suffix
+                USING ERRCODE = 'lock_not_available';
+        END IF;
         RETURN r.runs;
     END LOOP;
 END $$;
