@@ -226,8 +226,9 @@ async def test_an_idempotency_key_finds_its_run_on_an_earlier_day(engine: Engine
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE idempotency_key = 'k1'") == 1
 
 
-async def record_reads(conn) -> None:
-    """cyclone__history_day_read notes each call's day and first page in history_reads."""
+async def record_reads(conn, then: str = "") -> None:
+    """cyclone__history_day_read replaced by one that notes each call's day and first page in
+    history_reads, reads its slice, then runs `then` (PL/pgSQL statements)."""
     await conn.execute("CREATE TABLE history_reads (n bigserial, lo uuid, page bigint)")
     await conn.execute("ALTER FUNCTION cyclone__history_day_read(uuid, interval, boolean, bigint, bigint) "
                        "RENAME TO history_day_read_slice")
@@ -239,7 +240,8 @@ async def record_reads(conn) -> None:
         BEGIN
             INSERT INTO history_reads (lo, page) VALUES (p_lo, p_page);
             SELECT * INTO runs, blocked, next_page FROM history_day_read_slice(p_lo, p_age, p_sweep, p_page, p_pages);
-        END $$""")
+            %s
+        END $$""" % then)
 
 
 @pytest.mark.parametrize("change", ["ended again", "running again"])
@@ -252,20 +254,11 @@ async def test_a_run_retried_while_its_day_is_read_keeps_the_day(engine: Engine,
     # between, in the pause after it) one of its runs changing.
     change_sql = {"ended again": "UPDATE cyclone_runs SET finished_at = clock_timestamp() WHERE id = '%s'",
                   "running again": "UPDATE cyclone_runs SET state = 'running', finished_at = NULL WHERE id = '%s'"}
-    await conn.execute("ALTER FUNCTION cyclone__history_day_read(uuid, interval, boolean, bigint, bigint) "
-                       "RENAME TO history_day_read_slice")
-    await conn.execute("""
-        CREATE FUNCTION cyclone__history_day_read(p_lo uuid, p_age interval, p_sweep boolean, p_page bigint,
-                                                  p_pages bigint, OUT runs bigint, OUT blocked boolean,
-                                                  OUT next_page bigint)
-        LANGUAGE plpgsql AS $$
-        BEGIN
-            SELECT * INTO runs, blocked, next_page FROM history_day_read_slice(p_lo, p_age, p_sweep, p_page, p_pages);
-            IF runs > 0 AND NOT blocked AND EXISTS (SELECT 1 FROM cyclone_history_days d
-                                                     WHERE d.lo = p_lo AND '%s' >= d.lo AND '%s' < d.hi) THEN
-                %s;
-            END IF;
-        END $$""" % (old[0], old[0], change_sql[change] % old[0]))
+    await record_reads(conn, """
+        IF runs > 0 AND NOT blocked AND EXISTS (SELECT 1 FROM cyclone_history_days d
+                                                 WHERE d.lo = p_lo AND '%s' >= d.lo AND '%s' < d.hi) THEN
+            %s;
+        END IF;""" % (old[0], old[0], change_sql[change] % old[0]))
     assert await drop_to_runs(engine) is None
     assert day_of(old[0]) in await days(conn)
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", old) == len(old)
