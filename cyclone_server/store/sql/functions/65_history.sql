@@ -82,12 +82,13 @@ END $$;
 -- Whether every run of a day may go now, as cyclone_runs_purge would pick it or take it with
 -- its parent (60_retention.sql): terminal, old enough, and either top-level, a child of a run
 -- of the same day (which goes too), or one cyclone_runs_purge would pick on its own. The
--- retention sweep asks in three parts, so that it never takes a core from the claims for
--- long: cyclone__history_day_next (two checks an index answers), cyclone__history_day_read
--- (the day's runs, a slice of its pages at a time, each slice in its own transaction with a
--- pause after it: Engine.drop_history_day) and cyclone_history_detach_part (checks again
--- under the runs' lock what may have changed since the read began, and detaches the day's
--- partitions, one per transaction), then cyclone_history_drop_detached.
+-- retention sweep asks, and drops the day, in four parts, so that it never takes a core from
+-- the claims, nor stops them, for long: cyclone__history_day_next (two checks an index
+-- answers), cyclone__history_day_read (the day's runs, a slice of its pages at a time, each
+-- slice in its own transaction with a pause after it: Engine.drop_history_day),
+-- cyclone_history_detach_part (checks again under the runs' lock what may have changed since
+-- the read began, and detaches the day's partitions, one per transaction) and
+-- cyclone_history_drop_detached (drops them, with no lock a claim waits for).
 DROP FUNCTION IF EXISTS cyclone__history_day_due(cyclone_history_days, interval, boolean);
 
 -- Whether the table named p_name is a partition (of a day not detached, nor dropped).
@@ -171,8 +172,8 @@ END $$;
 -- and results that wait for it (a claim locks steps, then runs) until its lock timeout. The
 -- lock (the partition's too) is held only to check again, by index, and to detach: a change
 -- of the catalog, milliseconds, and at most p_lock_wait more while it waits (each of up to
--- five tries, 50 ms apart). The detached table is dropped without it: deleting its files takes longer, and
--- nothing waits for it then.
+-- five tries, 50 ms apart). The detached table is dropped without it: deleting its files
+-- takes longer, and nothing waits for it then.
 --
 -- Returns true when the partition is detached (now, or before); false when the lock was not
 -- had, or another server makes or drops days now (try again later); NULL, for cyclone_runs,
