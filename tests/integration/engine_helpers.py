@@ -77,6 +77,20 @@ async def nested_plans(conn: psycopg.AsyncConnection, sql: str, *params: Any,
     return plans
 
 
+async def history_from(conn, days_ago: int) -> None:
+    """Lay the (empty) tables out as if history began `days_ago` days ago (UTC): a first
+    partition of everything before that day, then one partition per day to two days ahead."""
+    for row in await fetch(conn, "SELECT suffix FROM cyclone_history_days"):
+        for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
+            await conn.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{row['suffix']}")
+            await conn.execute(f"DROP TABLE {t}_{row['suffix']}")
+    await conn.execute("DELETE FROM cyclone_history_days")
+    await conn.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - make_interval(days => %s)), "
+                       "'first', NULL)", (days_ago,))
+    made = (await fetch_one(conn, "SELECT cyclone_history_ensure() AS n"))["n"]
+    assert made == days_ago + 3
+
+
 async def partition_parents(conn: psycopg.AsyncConnection) -> dict[str, str]:
     """The name of each partition of a table or index (the days of history, migration 0014)
     to its parent's: a plan names the partitions it reads."""

@@ -9,7 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from engine_helpers import fetch, fetch_one, finish, start, task
+from engine_helpers import fetch, fetch_one, finish, history_from, start, task
 
 from cyclone_server.records import Job
 from cyclone_server.store import runs as runs_module
@@ -25,20 +25,6 @@ CREATE OR REPLACE FUNCTION pg_temp.shift(u uuid, ms bigint) RETURNS uuid LANGUAG
     SELECT encode(substring(int8send(('x' || substr(replace(u::text, '-', ''), 1, 12))::bit(48)::bigint - ms) FROM 3)
                   || substring(uuid_send(u) FROM 7), 'hex')::uuid
 $$"""
-
-
-async def history_from(conn, days_ago: int) -> None:
-    """Lay the (empty) tables out as if history began `days_ago` days ago (UTC): a first
-    partition of everything before that day, then one partition per day to two days ahead."""
-    for row in await fetch(conn, "SELECT suffix FROM cyclone_history_days"):
-        for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
-            await conn.execute(f"ALTER TABLE {t} DETACH PARTITION {t}_{row['suffix']}")
-            await conn.execute(f"DROP TABLE {t}_{row['suffix']}")
-    await conn.execute("DELETE FROM cyclone_history_days")
-    await conn.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - make_interval(days => %s)), "
-                       "'first', NULL)", (days_ago,))
-    made = (await fetch_one(conn, "SELECT cyclone_history_ensure() AS n"))["n"]
-    assert made == days_ago + 3
 
 
 async def move_back(conn, run_ids: list[str], days: int, finished_days_ago: float | None = None) -> list[str]:

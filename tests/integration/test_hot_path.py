@@ -14,8 +14,8 @@ import json
 
 import psycopg
 import pytest
-from engine_helpers import (Row, claim_one, fetch, fetch_one, log_plans, nested_plans, partition_parents, plan_nodes,
-                            run_row, start, states, step, task, wide_nodes)
+from engine_helpers import (Row, claim_one, fetch, fetch_one, history_from, log_plans, nested_plans, partition_parents,
+                            plan_nodes, run_row, start, states, step, task, wide_nodes)
 
 from cyclone_server.records import Job, Result
 
@@ -366,3 +366,49 @@ async def test_the_hot_functions_never_jit_compile(engine: Engine, conn) -> None
     # jit_above_cost = 0; with the default threshold its cost is far below it).
     claims = [n for n in notices if "WITH claimed AS" in n or "ids := ARRAY" in n]
     assert claims and not any("JIT:" in n for n in claims), "\n\n".join(notices)
+
+
+async def test_results_read_no_day_of_history_before_their_runs(engine: Engine, conn) -> None:
+    """Every run's steps and edges are in its day of history (migration 0014: a step's id
+    starts with its run's). With a month of history before today, a DAG's results read no
+    partition of a day before their runs' (today's): set-based (promotions, the run's end
+    and its result) and one at a time (a lease answered twice goes through
+    cyclone__step_complete, a permanent failure through fail-fast). A lookup by a column other
+    than the id (a run's steps by run_id, an edge by dep_id) read every day's index before;
+    bounded from below, it reads today's and the days to come."""
+    await history_from(conn, 30)
+    parents = await partition_parents(conn)
+    table_of = {r["ix"]: r["tab"] for r in await fetch(conn, "SELECT indexrelid::regclass::text AS ix, "
+                                                             "indrelid::regclass::text AS tab FROM pg_index")}
+    run_ids = [await start(engine, DIAMOND, input={"n": i}) for i in range(4)]
+    days = await fetch(conn, "SELECT d.suffix, d.lo <= %s::uuid AND %s::uuid < d.hi AS today, d.hi <= %s::uuid AS past "
+                             "FROM cyclone_history_days d", min(run_ids), max(run_ids), min(run_ids))
+    [today] = [d["suffix"] for d in days if d["today"]]
+    before = {f"{t}_{d['suffix']}" for d in days if d["past"] for t in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps")}
+    assert len(before) == 3 * 31  # the first partition and 30 days
+    apply = "SELECT status FROM cyclone_results_apply(%s::jsonb)"
+
+    def batch(leases: list[Row], twice: str, fail: str) -> str:
+        items = []
+        for lease in leases:
+            item = {"step_id": str(lease["step_id"]), "generation": lease["lease_generation"],
+                    "outcome": "completed", "output": lease["node"], "output_bytes": 8}
+            if str(lease["run_id"]) == fail:
+                item = {**item, "outcome": "failed", "message": "no", "permanent": True}
+            items += [item, item] if str(lease["run_id"]) == twice else [item]
+        return json.dumps(items)
+
+    read: set[str] = set()
+    for kinds in (["root"], [f"m{i}" for i in range(4)], ["join"]):
+        leases = await claim_all(engine, kinds)
+        plans = await nested_plans(conn, apply, batch(leases, twice=run_ids[1], fail=run_ids[3]), analyze=True)
+        for _, plan in plans:
+            for n in plan_nodes(plan):
+                name = n.get("Index Name") or n.get("Relation Name")
+                if name and n.get("Actual Loops", 0) > 0:
+                    read.add(table_of.get(name, name))
+    assert {(await run_row(conn, r))["state"] for r in run_ids[:3]} == {"completed"}
+    assert (await run_row(conn, run_ids[1]))["result"] == {"join": "join"}
+    assert (await run_row(conn, run_ids[3]))["state"] == "failed"
+    assert {f"cyclone_steps_{today}", f"cyclone_step_deps_{today}", f"cyclone_runs_{today}"} <= read
+    assert read & before == set(), sorted(read & before)

@@ -659,10 +659,14 @@ BEGIN
         -- Promotion (cyclone__promote after each of them): the pending dependents of the
         -- completed steps whose deps are all completed now, in runs that are running (a
         -- paused run keeps them pending until Resume). The dependents first, on their own,
-        -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep.
+        -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep. Every
+        -- lookup from here on stays within the batch's days too: a run's steps and edges
+        -- are in its day, and a lookup by another column than the id (dep_id, run_id) would
+        -- read every day's index; such a lookup is bounded from below only (cyclone__run_result).
         SELECT array_agg(DISTINCT a.step_id) INTO cands
           FROM unnest(dag_steps) AS u (id)
-         CROSS JOIN LATERAL (SELECT a.step_id FROM cyclone_step_deps a WHERE a.dep_id = u.id OFFSET 0) a;
+         CROSS JOIN LATERAL (SELECT a.step_id FROM cyclone_step_deps a
+                              WHERE a.dep_id = u.id AND a.step_id >= span_lo OFFSET 0) a;
         IF cands IS NOT NULL THEN
             SELECT array_agg(s.id) FILTER (WHERE s.type = 'task'),
                    array_agg(s.id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task'),
@@ -670,17 +674,21 @@ BEGIN
               INTO tasks, waits, wait_runs
               FROM unnest(cands) AS c (id)
              CROSS JOIN LATERAL (SELECT s.id, s.run_id, s.type, s.state FROM cyclone_steps s
-                                  WHERE s.id = c.id OFFSET 0) s
-             CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) r
+                                  WHERE s.id = c.id AND s.id >= span_lo AND s.id < span_hi OFFSET 0) s
+             CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r
+                                  WHERE r.id = s.run_id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
              WHERE s.state = 'pending' AND r.state = 'running'
                AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d
                                 CROSS JOIN LATERAL (SELECT p.state FROM cyclone_steps p
-                                                     WHERE p.id = d.dep_id OFFSET 0) p
-                                WHERE d.step_id = s.id AND p.state <> 'completed');
+                                                     WHERE p.id = d.dep_id AND p.id >= span_lo AND p.id < span_hi
+                                                    OFFSET 0) p
+                                WHERE d.step_id = s.id AND d.step_id >= span_lo AND d.step_id < span_hi
+                                  AND p.state <> 'completed');
             promoted := tasks IS NOT NULL OR waits IS NOT NULL;
             IF tasks IS NOT NULL THEN
                 -- Their fair clocks and strategies' keys first, in one order (cyclone__arrivals_lock).
-                IF EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL) THEN
+                IF EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.id = ANY (tasks) AND s.id >= span_lo AND s.id < span_hi
+                              AND s.limit_keys IS NOT NULL) THEN
                     PERFORM cyclone__arrivals_lock(tasks);
                 END IF;
                 -- What cyclone__step_enter does to a task node.
@@ -692,7 +700,8 @@ BEGIN
                 -- cyclone__step_enter calls it) in one order, those after it not counted yet.
                 IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
                     arrivals := ARRAY(SELECT s.id FROM cyclone_steps s
-                                       WHERE s.id = ANY (tasks) AND s.limit_keys IS NOT NULL ORDER BY s.run_id, s.id);
+                                       WHERE s.id = ANY (tasks) AND s.id >= span_lo AND s.id < span_hi
+                                         AND s.limit_keys IS NOT NULL ORDER BY s.run_id, s.id);
                     FOR n IN 1 .. cardinality(arrivals) LOOP
                         PERFORM cyclone__limits_arrive((SELECT s.run_id FROM cyclone_steps s WHERE s.id = arrivals[n]),
                                                        ARRAY[arrivals[n]], arrivals[n + 1:], false);
@@ -713,9 +722,11 @@ BEGIN
                    paused_at = NULL, deadline_left = NULL, result = cyclone__run_result(r.id)
              WHERE r.id >= span_lo AND r.id < span_hi AND r.id = ANY (ARRAY(
                        SELECT u.id FROM unnest(dag_runs) AS u (id)
-                        CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r WHERE r.id = u.id OFFSET 0) r
+                        CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r
+                                             WHERE r.id = u.id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
                         WHERE r.state IN ('running', 'paused')
-                          AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = u.id
+                          AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                                           WHERE s.run_id = u.id AND s.id >= span_lo
                                              AND s.state NOT IN ('completed', 'discarded', 'cancelled')
                                           OFFSET 0)))
             RETURNING r.parent_run_id
@@ -728,7 +739,8 @@ BEGIN
         -- to settle their parent nodes.
         SELECT array_agg(u.id) INTO dag_children
           FROM unnest(dag_runs) AS u (id)
-         CROSS JOIN LATERAL (SELECT r.state, r.parent_run_id FROM cyclone_runs r WHERE r.id = u.id OFFSET 0) r
+         CROSS JOIN LATERAL (SELECT r.state, r.parent_run_id FROM cyclone_runs r
+                              WHERE r.id = u.id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
          WHERE r.parent_run_id IS NOT NULL AND r.state IN ('completed', 'failed', 'cancelled');
     END IF;
 
@@ -738,7 +750,8 @@ BEGIN
                e.v AS e, s.run_id
           FROM jsonb_array_elements(p_results) WITH ORDINALITY AS e (v, ord)
           LEFT JOIN LATERAL (SELECT s.run_id FROM cyclone_steps s
-                              WHERE s.id = (e.v ->> 'step_id')::uuid OFFSET 0) s ON true
+                              WHERE s.id = (e.v ->> 'step_id')::uuid AND s.id >= span_lo AND s.id < span_hi
+                             OFFSET 0) s ON true
          WHERE NOT e.ord::integer = ANY (COALESCE(fast, '{}'))
          ORDER BY s.run_id NULLS FIRST, e.ord
     LOOP
