@@ -90,18 +90,21 @@ END $$;
 -- lower bound alone (a third of the table, to the planner) leaves the lookup to the index of
 -- run_id or dep_id. The days it keeps are the run's and those after it (today's and the
 -- ones to come, for a recent run). So do the other lookups of a run's steps below.
+-- (Its plans are kept for the session, as cyclone__promote's: enable_seqscan off, for the same reason.)
 CREATE OR REPLACE FUNCTION cyclone__run_result(p_run_id uuid) RETURNS jsonb
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+AS $$
 DECLARE
     lo uuid;
-    out jsonb;
+    res jsonb;
 BEGIN
     SELECT d.lo INTO lo FROM cyclone__days_span(p_run_id, p_run_id) d;
-    SELECT COALESCE(jsonb_object_agg(s.node, COALESCE(s.output, 'null'::jsonb)), '{}'::jsonb) INTO out
+    SELECT COALESCE(jsonb_object_agg(s.node, COALESCE(s.output, 'null'::jsonb)), '{}'::jsonb) INTO res
       FROM cyclone_steps s
      WHERE s.run_id = p_run_id AND s.id >= lo
        AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d WHERE d.dep_id = s.id AND d.step_id >= lo);
-    RETURN out;
+    RETURN res;
 END $$;
 
 -- Lock the run of a step. NULL when the step does not exist.
