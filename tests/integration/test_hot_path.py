@@ -412,3 +412,51 @@ async def test_results_read_no_day_of_history_before_their_runs(engine: Engine, 
     assert (await run_row(conn, run_ids[3]))["state"] == "failed"
     assert {f"{t}_{d}" for d in today for t in ("cyclone_steps", "cyclone_step_deps", "cyclone_runs")} & read
     assert read & before == set(), sorted(read & before)
+
+
+async def test_failures_and_snoozes_planned_on_small_tables_reach_their_rows_by_index(engine: Engine, conn) -> None:
+    """cyclone_results_apply keeps one generic plan per statement for the session, also for
+    the per-result functions it calls (a retry, fail-fast, a snooze, a lease answered twice),
+    made while the tables were small. Once the tables hold 30,000 more runs and steps, those
+    plans still read only the rows of the batch, by index."""
+    await engine.register_workflow("pair", [task("a"), task("b", "a")])
+    apply = "SELECT status FROM cyclone_results_apply(%s::jsonb) ORDER BY idx"
+
+    async def batch() -> list[str]:
+        await engine.enqueue("retried")
+        await engine.enqueue("snoozed")
+        await engine.enqueue("twice")
+        await engine.submit_run("pair")
+        items = [
+            {"step_id": str((await claim_one(engine, "retried"))["step_id"]), "outcome": "failed",
+             "message": "again", "retry_delay_ms": 0},
+            {"step_id": str((await claim_one(engine, "snoozed"))["step_id"]), "outcome": "snoozed", "delay_ms": 0},
+            {"step_id": str((await claim_one(engine, "a"))["step_id"]), "outcome": "failed", "message": "no",
+             "permanent": True},
+        ]
+        twice = await claim_one(engine, "twice")
+        items += [{"step_id": str(twice["step_id"]), "outcome": "completed", "output": 1, "output_bytes": 1}] * 2
+        for item in items:
+            item["generation"] = 1
+        return [r["status"] for r in await fetch(conn, apply, json.dumps(items))]
+
+    expected = ["retried", "snoozed", "discarded", "applied", "ended"]
+    for _ in range(8):  # past plancache's five custom plans (the function forces generic ones anyway)
+        assert await batch() == expected
+        await conn.execute("UPDATE cyclone_steps SET state = 'completed' WHERE state IN ('available', 'pending')")
+    await conn.execute("""
+        WITH r AS (INSERT INTO cyclone_runs (id, state) SELECT cyclone_uuid7(), 'running'
+                     FROM generate_series(1, 30000) RETURNING id)
+        INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims,
+                                   attempt_timeout, backoff_initial, backoff_max)
+        SELECT cyclone__step_uuid(r.id), r.id, 'n', 'elsewhere', 'task', 'available', 25, 5, '600s', '1s', '600s'
+          FROM r""")
+    plans, keep = await log_plans(conn, analyze=True)
+    try:
+        assert await batch() == expected
+    finally:
+        await conn.execute("RESET auto_explain.log_min_duration")
+        conn.remove_notice_handler(keep)
+    assert any("cancel_cause = p_cause" in text for text, _ in plans)  # fail-fast cancelled the run's steps
+    wide = wide_nodes(plans, 50)
+    assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
