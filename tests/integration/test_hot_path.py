@@ -460,3 +460,32 @@ async def test_failures_and_snoozes_planned_on_small_tables_reach_their_rows_by_
     assert any("cancel_cause = p_cause" in text for text, _ in plans)  # fail-fast cancelled the run's steps
     wide = wide_nodes(plans, 50)
     assert wide == {}, "\n".join(f"{t}: {v}" for t, v in wide.items())
+
+
+async def test_a_renewal_reads_no_day_of_history_outside_its_leases(engine: Engine, conn) -> None:
+    """A worker's lease renewal (cyclone_leases_renew) updates its steps by id = ANY, which
+    prunes no partition: bounded by the leases' own ids, it reads their day alone, not a
+    month of history before it. It still renews every lease it holds and names the lost one."""
+    await history_from(conn, 30)
+    parents = await partition_parents(conn)
+    table_of = {r["ix"]: r["tab"] for r in await fetch(conn, "SELECT indexrelid::regclass::text AS ix, "
+                                                             "indrelid::regclass::text AS tab FROM pg_index")}
+    for _ in range(5):
+        await engine.enqueue("job")
+    leases = await engine.claim("w1", ["job"], limit=10, lease_ttl=5)
+    assert len(leases) == 5
+    lost = leases[0]
+    await conn.execute("UPDATE cyclone_steps SET lease_generation = lease_generation + 1 WHERE id = %s",
+                       (lost["step_id"],))
+    days = await fetch(conn, "SELECT d.suffix FROM cyclone_history_days d WHERE d.lo <= %s::uuid AND %s::uuid < d.hi",
+                       min(str(x["step_id"]) for x in leases), max(str(x["step_id"]) for x in leases))
+    own = {f"cyclone_steps_{d['suffix']}" for d in days}
+    plans = await nested_plans(conn, "SELECT step_id, lease_generation FROM cyclone_leases_renew('w1', %s::uuid[], "
+                                     "%s::bigint[], interval '1 hour')",
+                               [x["step_id"] for x in leases], [x["lease_generation"] for x in leases], analyze=True)
+    rows = await fetch(conn, "SELECT id, lease_expiry > now() + interval '30 min' AS renewed FROM cyclone_steps "
+                             "WHERE id = ANY (%s::uuid[])", [x["step_id"] for x in leases])
+    assert {r["id"]: r["renewed"] for r in rows} == {x["step_id"]: x is not lost for x in leases}
+    read = {table_of.get(name, name) for _, plan in plans for n in plan_nodes(plan)
+            if (name := n.get("Index Name") or n.get("Relation Name")) and n.get("Actual Loops", 0) > 0}
+    assert read and {t for t in read if t in parents} <= own, sorted({t for t in read if t in parents} - own)

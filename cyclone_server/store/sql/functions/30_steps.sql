@@ -822,8 +822,12 @@ LANGUAGE sql AS $$
                                 AND s.lease_generation = h.gen AND s.lease_owner = p_owner
                                 FOR NO KEY UPDATE OF s SKIP LOCKED) s
     ), renewed AS (
+        -- (and within the renewable ids' range: an array prunes no day of history, a range
+        -- does, as the update starts)
         UPDATE cyclone_steps s SET lease_expiry = now() + p_lease_ttl
          WHERE s.id = ANY (ARRAY(SELECT renewable.id FROM renewable))
+           AND s.id >= (SELECT r.id FROM renewable r ORDER BY r.id LIMIT 1)
+           AND s.id <= (SELECT r.id FROM renewable r ORDER BY r.id DESC LIMIT 1)
         RETURNING s.id
     )
     SELECT h.id, h.gen FROM held h
