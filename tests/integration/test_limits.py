@@ -13,7 +13,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from engine_helpers import (eventually, expire_lease, fetch, fetch_one, lock_waits_are, make_due, nested_plans, plan_nodes,
+from engine_helpers import (eventually, expire_lease, fetch, fetch_one, history_from, lock_waits_are, make_due, nested_plans,
+                            partition_parents, plan_nodes,
                             start, task, violations, wide_nodes)
 
 from cyclone_server import definitions, limit_spec
@@ -45,6 +46,34 @@ def tenants_of(leases: list[dict[str, Any]]) -> list[str]:
 async def running_per_key(conn, name: str) -> dict[str, int]:
     rows = await fetch(conn, "SELECT key, running FROM cyclone_limit_keys_stats(%s, 1000)", name)
     return {r["key"]: r["running"] for r in rows}
+
+
+
+async def test_a_limited_claim_takes_its_picked_steps_within_their_days(engine: Engine, conn) -> None:
+    """The claim's statements over the steps flow control picked (locking them, admitting
+    their runs, merging them with the free ones) go by id = ANY, which prunes no day of
+    history: bounded by the picked steps' days, they read no day of a month before them."""
+    await history_from(conn, 30)
+    parents = await partition_parents(conn)
+    table_of = {r["ix"]: r["tab"] for r in await fetch(conn, "SELECT indexrelid::regclass::text AS ix, "
+                                                             "indrelid::regclass::text AS tab FROM pg_index")}
+    past = {f"{t}_{r['suffix']}" for r in await fetch(conn, "SELECT suffix FROM cyclone_history_days "
+                                                            "WHERE hi <= cyclone__day_uuid(now())")
+            for t in ("cyclone_runs", "cyclone_steps")}
+    assert len(past) == 2 * 31
+    await engine.set_limit(limit("tenants", max_running=2, kinds=["work"], key_path="input.tenant"))
+    await jobs(engine, "work", [{"tenant": t} for t in "aaabbc"])
+    await jobs(engine, "free", [{}])  # no limit: claimed beside the picked ones
+    plans = await nested_plans(conn, "SELECT input FROM cyclone__steps_claim('w1', ARRAY['work', 'free'], 10, '30 s')",
+                               analyze=True)
+    claimed = await fetch(conn, "SELECT input FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id "
+                                "WHERE s.state = 'running'")
+    assert Counter(r["input"].get("tenant") for r in claimed) == {"a": 2, "b": 2, "c": 1, None: 1}
+    mine = [plan for text, plan in plans if "ANY (limited)" in text or "ANY (picked)" in text or "ids || picked" in text]
+    assert len(mine) >= 2
+    read = {table_of.get(name, name) for plan in mine for n in plan_nodes(plan)
+            if (name := n.get("Index Name") or n.get("Relation Name")) and n.get("Actual Loops", 0) > 0}
+    assert {t for t in read if t in parents} and not read & past, sorted(read & past)
 
 
 # -- concurrency -------------------------------------------------------------------------

@@ -88,22 +88,36 @@ BEGIN
         -- holds. Such a step is left out. So is one whose start would admit its run under a
         -- limit of runs (cyclone__limits_take) while another transaction holds the run: a
         -- cancel of the run (CancelRun, a strategy) holds it and then cancels its steps.
-        picked := ARRAY(SELECT x.id FROM cyclone_steps x WHERE x.id = ANY (limited) FOR UPDATE SKIP LOCKED);
+        -- (Each statement over these steps by id = ANY within their days, and their runs', which
+        -- are the same: an array prunes no day of history.)
+        SELECT d.lo, d.hi INTO span_lo, span_hi
+          FROM cyclone__days_span((SELECT x FROM unnest(limited) AS x ORDER BY x LIMIT 1),
+                                  (SELECT x FROM unnest(limited) AS x ORDER BY x DESC LIMIT 1)) d;
+        picked := ARRAY(SELECT x.id FROM cyclone_steps x WHERE x.id = ANY (limited) AND x.id >= span_lo AND x.id < span_hi
+                           FOR UPDATE SKIP LOCKED);
         IF EXISTS (SELECT 1 FROM cyclone_steps x JOIN cyclone_runs r ON r.id = x.run_id
-                    WHERE x.id = ANY (picked) AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted) THEN
+                    WHERE x.id = ANY (picked) AND x.id >= span_lo AND x.id < span_hi
+                      AND r.id >= span_lo AND r.id < span_hi
+                      AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted) THEN
             admitting := ARRAY(SELECT r.id FROM cyclone_runs r
-                                WHERE r.id IN (SELECT x.run_id FROM cyclone_steps x WHERE x.id = ANY (picked))
+                                WHERE r.id IN (SELECT x.run_id FROM cyclone_steps x
+                                                WHERE x.id = ANY (picked) AND x.id >= span_lo AND x.id < span_hi)
+                                  AND r.id >= span_lo AND r.id < span_hi
                                   AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
                                   FOR NO KEY UPDATE SKIP LOCKED);
             picked := ARRAY(SELECT x.id FROM cyclone_steps x JOIN cyclone_runs r ON r.id = x.run_id
-                             WHERE x.id = ANY (picked)
+                             WHERE x.id = ANY (picked) AND x.id >= span_lo AND x.id < span_hi
+                               AND r.id >= span_lo AND r.id < span_hi
                                AND (r.id = ANY (admitting) OR r.limit_keys IS NULL OR r.limit_admitted));
         END IF;
     END IF;
     IF cardinality(ids) = 0 THEN
         ids := COALESCE(picked, '{}');  -- at most p_limit; the UPDATE below takes them in any order
     ELSIF cardinality(picked) > 0 THEN
-        ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked)
+        SELECT d.lo, d.hi INTO span_lo, span_hi
+          FROM cyclone__days_span((SELECT x FROM unnest(ids || picked) AS x ORDER BY x LIMIT 1),
+                                  (SELECT x FROM unnest(ids || picked) AS x ORDER BY x DESC LIMIT 1)) d;
+        ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked) AND s.id >= span_lo AND s.id < span_hi
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
     -- The days the claimed steps are in (cyclone__days_span): the update reads those alone.
