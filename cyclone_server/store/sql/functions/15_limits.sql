@@ -870,10 +870,17 @@ DECLARE
     m_kinds text[];
     m_at double precision[];
     i integer;
+    span_lo uuid;
+    span_hi uuid;
 BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
+    -- The steps' days, and so their runs' (cyclone__days_span): by id = ANY alone, which
+    -- prunes no partition, each statement below would read every day's index.
+    SELECT d.lo, d.hi INTO span_lo, span_hi
+      FROM cyclone__days_span((SELECT x FROM unnest(p_ids) AS x ORDER BY x LIMIT 1),
+                              (SELECT x FROM unnest(p_ids) AS x ORDER BY x DESC LIMIT 1)) d;
     -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
     -- now(). A step the pick chose from a snapshot taken before another claim of its key
     -- committed is running too, but that claim's start, not this one's. Read once: per token
@@ -881,8 +888,8 @@ BEGIN
     -- the furthest fair place taken.
     WITH mine AS MATERIALIZED (
         SELECT s.id, s.run_id, s.limit_keys, s.kind, s.fair_at FROM cyclone_steps s
-         WHERE s.id = ANY (p_ids) AND s.state = 'running' AND s.lease_owner = p_owner
-           AND s.started_at = now()
+         WHERE s.id = ANY (p_ids) AND s.id >= span_lo AND s.id < span_hi
+           AND s.state = 'running' AND s.lease_owner = p_owner AND s.started_at = now()
     ), toks AS MATERIALIZED (
         SELECT m.id, m.run_id, x.t, l.scope, l.rate IS NOT NULL AS rated
           FROM mine m CROSS JOIN unnest(m.limit_keys) AS x (t)
@@ -904,6 +911,7 @@ BEGIN
             UPDATE cyclone_runs r SET limit_admitted = true
              WHERE r.id = ANY (ARRAY(SELECT u.r FROM unnest(m_runs, m_scope) AS u (r, scope)
                                       WHERE u.scope = 'runs' OR u.scope IS NULL))
+               AND r.id >= span_lo AND r.id < span_hi
                AND r.limit_keys IS NOT NULL AND NOT r.limit_admitted
             RETURNING r.id, r.limit_keys
         ), started AS (
