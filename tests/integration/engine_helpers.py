@@ -236,6 +236,14 @@ INVARIANTS: dict[str, str] = {
                           UNION ALL SELECT step_id, run_id FROM cyclone_step_deps
                           UNION ALL SELECT id, run_id FROM cyclone_signals) x
          WHERE NOT EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = x.run_id)""",
+    # A step's id starts with its run's (cyclone__step_uuid), so its row and its edges are in
+    # its run's day of history: the lookups of a run's steps and edges read from that day on.
+    "a step or edge outside its run's day of history": """
+        SELECT x.id FROM (SELECT id, run_id FROM cyclone_steps
+                          UNION ALL SELECT step_id, run_id FROM cyclone_step_deps
+                          UNION ALL SELECT dep_id, run_id FROM cyclone_step_deps) x
+         WHERE (SELECT d.lo FROM cyclone__days_span(x.id, x.id) d)
+               IS DISTINCT FROM (SELECT d.lo FROM cyclone__days_span(x.run_id, x.run_id) d)""",
     "child run of a run that does not exist": """
         SELECT c.id FROM cyclone_runs c
          WHERE c.parent_run_id IS NOT NULL

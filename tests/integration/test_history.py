@@ -9,7 +9,7 @@ import uuid
 
 import psycopg
 import pytest
-from engine_helpers import fetch, fetch_one, finish, history_from, start, task
+from engine_helpers import fetch, fetch_one, finish, history_from, start, task, violations
 
 from cyclone_server.records import Job
 from cyclone_server.store import runs as runs_module
@@ -373,3 +373,18 @@ async def test_servers_sweep_days_one_at_a_time(engine: Engine, conn, db_url: st
         await other.close()
     assert [n for n in results if n] in ([5, -1], [-1, 5], [5])  # the day's five runs, once
     assert await count(conn, "SELECT 1 FROM cyclone_runs WHERE id = ANY (%s::uuid[])", made["old"]) == 0
+
+
+async def test_a_step_or_edge_outside_its_runs_day_is_a_violation(engine: Engine, conn) -> None:
+    """The lookups of a run's steps and edges read from the run's day on (cyclone__run_result):
+    the invariants the tests check (engine_helpers.violations) include that every step and
+    edge is in its run's day. A run's own rows are; a step moved a day back is not."""
+    await history_from(conn, 3)
+    run_id = await start(engine, [task("a"), task("b", "a")])
+    assert await violations(conn) == {}
+    await conn.execute(SHIFT)
+    [b] = await fetch(conn, "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'b'", run_id)
+    await conn.execute("UPDATE cyclone_step_deps SET step_id = pg_temp.shift(step_id, %s) WHERE step_id = %s",
+                       (DAY_MS, b["id"]))
+    await conn.execute("UPDATE cyclone_steps SET id = pg_temp.shift(id, %s) WHERE id = %s", (DAY_MS, b["id"]))
+    assert set(await violations(conn)) == {"a step or edge outside its run's day of history"}
