@@ -51,8 +51,9 @@ async def running_per_key(conn, name: str) -> dict[str, int]:
 
 async def test_a_limited_claim_takes_its_picked_steps_within_their_days(engine: Engine, conn) -> None:
     """The claim's statements over the steps flow control picked (locking them, admitting
-    their runs, merging them with the free ones, taking their starts) go by id = ANY, which prunes no day of
-    history: bounded by the picked steps' days, they read no day of a month before them."""
+    their runs, merging them with the free ones, taking their starts), and an arrival's locks,
+    go by id = ANY, which prunes no day of history in a generic plan: bounded by the steps'
+    days, they read no day of a month before them."""
     await history_from(conn, 30)
     parents = await partition_parents(conn)
     table_of = {r["ix"]: r["tab"] for r in await fetch(conn, "SELECT indexrelid::regclass::text AS ix, "
@@ -69,9 +70,17 @@ async def test_a_limited_claim_takes_its_picked_steps_within_their_days(engine: 
     claimed = await fetch(conn, "SELECT input FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id "
                                 "WHERE s.state = 'running'")
     assert Counter(r["input"].get("tenant") for r in claimed) == {"a": 2, "b": 2, "c": 1, None: 1}
+    # An arrival's locks (cyclone__arrivals_lock, as a submit and a promotion take them) go by
+    # the steps' ids too.
+    # (under a generic plan, as a results batch and a submit run them; a custom plan prunes with the ids known)
+    ids = [r["id"] for r in await fetch(conn, "SELECT id FROM cyclone_steps WHERE kind = 'work'")]
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    plans += await nested_plans(conn, "SELECT cyclone__arrivals_lock(%s::uuid[])", ids, analyze=True)
+    await conn.execute("RESET plan_cache_mode")
     mine = [plan for text, plan in plans if "ANY (limited)" in text or "ANY (picked)" in text or "ids || picked" in text
-            or "WITH mine AS MATERIALIZED" in text]  # (the starts this claim took: cyclone__limits_take)
-    assert len(mine) >= 3
+            or "WITH mine AS MATERIALIZED" in text  # (the starts this claim took: cyclone__limits_take)
+            or "ANY (p_step_ids)" in text]
+    assert len(mine) >= 6
     read = {table_of.get(name, name) for plan in mine for n in plan_nodes(plan)
             if (name := n.get("Index Name") or n.get("Relation Name")) and n.get("Actual Loops", 0) > 0}
     assert {t for t in read if t in parents} and not read & past, sorted(read & past)

@@ -189,19 +189,29 @@ CREATE FUNCTION cyclone__arrivals_lock(p_step_ids uuid[], p_run_tokens text[]) R
 LANGUAGE plpgsql AS $$
 DECLARE
     t text;
+    span_lo uuid;
+    span_hi uuid;
 BEGIN
+    -- The steps' days (cyclone__days_span): by id = ANY alone, which prunes no partition in a
+    -- generic plan (a results batch's, a submit's), each statement would read every day's index.
+    SELECT d.lo, d.hi INTO span_lo, span_hi
+      FROM cyclone__days_span((SELECT x FROM unnest(p_step_ids) AS x ORDER BY x LIMIT 1),
+                              (SELECT x FROM unnest(p_step_ids) AS x ORDER BY x DESC LIMIT 1)) d;
     PERFORM cyclone__fair_keys_lock(
         ARRAY(SELECT s.kind FROM cyclone_steps s
-               WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id),
+               WHERE s.id = ANY (p_step_ids) AND s.id >= span_lo AND s.id < span_hi
+                 AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id),
         ARRAY(SELECT s.limit_keys[1] FROM cyclone_steps s
-               WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id));
+               WHERE s.id = ANY (p_step_ids) AND s.id >= span_lo AND s.id < span_hi
+                 AND s.type = 'task' AND s.limit_keys IS NOT NULL ORDER BY s.id));
     IF EXISTS (SELECT 1 FROM cyclone_limits WHERE strategy <> 'queue') THEN
         -- The run's tokens of limits of runs, then the steps' tokens of limits of steps.
         FOR t IN SELECT x.t
                    FROM (SELECT 'runs' AS scope, u.t FROM unnest(p_run_tokens) AS u (t)
                          UNION
                          SELECT 'steps', u.t FROM cyclone_steps s CROSS JOIN unnest(s.limit_keys) AS u (t)
-                          WHERE s.id = ANY (p_step_ids) AND s.type = 'task' AND s.limit_keys IS NOT NULL) x
+                          WHERE s.id = ANY (p_step_ids) AND s.id >= span_lo AND s.id < span_hi
+                            AND s.type = 'task' AND s.limit_keys IS NOT NULL) x
                    JOIN cyclone_limits l ON l.name = cyclone__token_limit(x.t) AND l.scope = x.scope
                   WHERE l.strategy <> 'queue'
                   ORDER BY x.scope, x.t LOOP

@@ -634,7 +634,7 @@ BEGIN
              ORDER BY u.i;
         IF cardinality(fast) = jsonb_array_length(p_results) THEN
             -- Every result was one (a drain of jobs): the statements below would find
-            -- nothing, and the loop's query is planned anew on most calls.
+            -- nothing, and cost their reads all the same.
             RETURN;
         END IF;
     END IF;
