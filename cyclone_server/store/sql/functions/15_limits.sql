@@ -194,9 +194,7 @@ DECLARE
 BEGIN
     -- The steps' days (cyclone__days_span): by id = ANY alone, which prunes no partition in a
     -- generic plan (a results batch's, a submit's), each statement would read every day's index.
-    SELECT d.lo, d.hi INTO span_lo, span_hi
-      FROM cyclone__days_span((SELECT x FROM unnest(p_step_ids) AS x ORDER BY x LIMIT 1),
-                              (SELECT x FROM unnest(p_step_ids) AS x ORDER BY x DESC LIMIT 1)) d;
+    SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(p_step_ids) d;
     PERFORM cyclone__fair_keys_lock(
         ARRAY(SELECT s.kind FROM cyclone_steps s
                WHERE s.id = ANY (p_step_ids) AND s.id >= span_lo AND s.id < span_hi
@@ -888,9 +886,7 @@ BEGIN
     END IF;
     -- The steps' days, and so their runs' (cyclone__days_span): by id = ANY alone, which
     -- prunes no partition, each statement below would read every day's index.
-    SELECT d.lo, d.hi INTO span_lo, span_hi
-      FROM cyclone__days_span((SELECT x FROM unnest(p_ids) AS x ORDER BY x LIMIT 1),
-                              (SELECT x FROM unnest(p_ids) AS x ORDER BY x DESC LIMIT 1)) d;
+    SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(p_ids) d;
     -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
     -- now(). A step the pick chose from a snapshot taken before another claim of its key
     -- committed is running too, but that claim's start, not this one's. Read once: per token

@@ -90,9 +90,7 @@ BEGIN
         -- cancel of the run (CancelRun, a strategy) holds it and then cancels its steps.
         -- (Each statement over these steps by id = ANY within their days, and their runs', which
         -- are the same: an array prunes no day of history.)
-        SELECT d.lo, d.hi INTO span_lo, span_hi
-          FROM cyclone__days_span((SELECT x FROM unnest(limited) AS x ORDER BY x LIMIT 1),
-                                  (SELECT x FROM unnest(limited) AS x ORDER BY x DESC LIMIT 1)) d;
+        SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(limited) d;
         picked := ARRAY(SELECT x.id FROM cyclone_steps x WHERE x.id = ANY (limited) AND x.id >= span_lo AND x.id < span_hi
                            FOR UPDATE SKIP LOCKED);
         IF EXISTS (SELECT 1 FROM cyclone_steps x JOIN cyclone_runs r ON r.id = x.run_id
@@ -114,16 +112,12 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         ids := COALESCE(picked, '{}');  -- at most p_limit; the UPDATE below takes them in any order
     ELSIF cardinality(picked) > 0 THEN
-        SELECT d.lo, d.hi INTO span_lo, span_hi
-          FROM cyclone__days_span((SELECT x FROM unnest(ids || picked) AS x ORDER BY x LIMIT 1),
-                                  (SELECT x FROM unnest(ids || picked) AS x ORDER BY x DESC LIMIT 1)) d;
+        SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(ids || picked) d;
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked) AND s.id >= span_lo AND s.id < span_hi
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
     END IF;
-    -- The days the claimed steps are in (cyclone__days_span): the update reads those alone.
-    SELECT d.lo, d.hi INTO span_lo, span_hi
-      FROM cyclone__days_span((SELECT x FROM unnest(ids) AS x ORDER BY x LIMIT 1),
-                              (SELECT x FROM unnest(ids) AS x ORDER BY x DESC LIMIT 1)) d;
+    -- The days the claimed steps are in (cyclone__ids_span): the update reads those alone.
+    SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(ids) d;
 
     RETURN QUERY
     WITH claimed AS (

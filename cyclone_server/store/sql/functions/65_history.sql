@@ -21,6 +21,16 @@ LANGUAGE sql STABLE AS $$
                     'ffffffff-ffff-ffff-ffff-ffffffffffff')
 $$;
 
+-- The days of some ids: cyclone__days_span of the least and the greatest. A statement over
+-- them by id = ANY prunes no day of history (an array parameter) unless it is bounded by these.
+CREATE OR REPLACE FUNCTION cyclone__ids_span(p_ids uuid[], OUT lo uuid, OUT hi uuid)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT d.lo, d.hi INTO lo, hi
+      FROM cyclone__days_span((SELECT x FROM unnest(p_ids) AS x ORDER BY x LIMIT 1),
+                              (SELECT x FROM unnest(p_ids) AS x ORDER BY x DESC LIMIT 1)) d;
+END $$;
+
 -- A uuid's UTC day: the day of the millisecond in its first 48 bits.
 CREATE OR REPLACE FUNCTION cyclone__uuid_day(p_id uuid) RETURNS date
 LANGUAGE sql IMMUTABLE AS $$
