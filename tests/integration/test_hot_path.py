@@ -337,7 +337,8 @@ async def test_the_hot_paths_plans_made_on_small_tables_reach_their_rows_by_inde
 
 
 JIT_OFF = ("cyclone__steps_claim", "cyclone_steps_claim", "cyclone_steps_next_due", "cyclone_results_apply", "cyclone__limits_pick",
-           "cyclone__limits_take", "cyclone__limits_next_due", "cyclone__run_create")
+           "cyclone__limits_take", "cyclone__limits_next_due", "cyclone__run_create", "cyclone__run_result",
+           "cyclone__promote")
 
 
 async def test_the_hot_functions_never_jit_compile(engine: Engine, conn) -> None:

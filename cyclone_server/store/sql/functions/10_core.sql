@@ -90,10 +90,13 @@ END $$;
 -- lower bound alone (a third of the table, to the planner) leaves the lookup to the index of
 -- run_id or dep_id. The days it keeps are the run's and those after it (today's and the
 -- ones to come, for a recent run). So do the other lookups of a run's steps below.
--- (Its plans are kept for the session, as cyclone__promote's: enable_seqscan off, for the same reason.)
+-- (Its plans are kept for the session, as cyclone__promote's: enable_seqscan off, for the same
+-- reason, and so jit off: on Postgres 15 to 17 a disabled seqscan costs 1e10, past every JIT
+-- threshold, when it runs outside a results batch, from a timer, a signal or a child run.)
 CREATE OR REPLACE FUNCTION cyclone__run_result(p_run_id uuid) RETURNS jsonb
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     lo uuid;
@@ -303,8 +306,9 @@ CREATE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 -- Its statements are cached as generic plans. One planned while cyclone_step_deps was
 -- still empty would scan that table on every completion until the next ANALYZE; every
--- lookup here has an index, so scans are never the right plan.
+-- lookup here has an index, so scans are never the right plan. (And jit off: cyclone__run_result.)
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     sid uuid;
