@@ -163,8 +163,7 @@ SELECT s.*,
        CASE WHEN s.state = 'available' AND s.limit_keys IS NOT NULL THEN cyclone__step_held(s) END AS held_by
   FROM cyclone_steps s
  WHERE s.run_id = ANY (%(run_ids)s::uuid[])
-   AND s.id >= (SELECT d.lo FROM cyclone__days_span((SELECT x FROM unnest(%(run_ids)s::uuid[]) x ORDER BY x LIMIT 1),
-                                                    NULL) d)
+   AND s.id >= (SELECT d.lo FROM cyclone__ids_span(%(run_ids)s::uuid[]) d)
  ORDER BY s.run_id, s.position, s.id;
 
 -- name: runs_states

@@ -192,7 +192,7 @@ DECLARE
     span_lo uuid;
     span_hi uuid;
 BEGIN
-    -- The steps' days (cyclone__days_span): by id = ANY alone, which prunes no partition in a
+    -- The steps' days (cyclone__ids_span): by id = ANY alone, which prunes no partition in a
     -- generic plan (a results batch's, a submit's), each statement would read every day's index.
     SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(p_step_ids) d;
     PERFORM cyclone__fair_keys_lock(
@@ -884,7 +884,7 @@ BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
-    -- The steps' days, and so their runs' (cyclone__days_span): by id = ANY alone, which
+    -- The steps' days, and so their runs' (cyclone__ids_span): by id = ANY alone, which
     -- prunes no partition, each statement below would read every day's index.
     SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(p_ids) d;
     -- Only the steps this claim's UPDATE took: running, leased to p_owner at this transaction's
