@@ -155,16 +155,11 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- name: runs_steps
 -- The steps of some runs (a page of ListRuns, or one run), each run's in definition order.
 -- held_by: why a limit holds an available step (cyclone__step_held).
--- Within the runs' days of history, where their steps are (a step's id starts with its
--- run's): by run_id alone the lookup would read every day's index.
 SELECT s.*,
        ARRAY(SELECT p.node FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
               WHERE d.step_id = s.id ORDER BY p.node) AS deps,
        CASE WHEN s.state = 'available' AND s.limit_keys IS NOT NULL THEN cyclone__step_held(s) END AS held_by
-  FROM cyclone_steps s
- WHERE s.run_id = ANY (%(run_ids)s::uuid[])
-   AND s.id >= (SELECT d.lo FROM cyclone__ids_span(%(run_ids)s::uuid[]) d)
- ORDER BY s.run_id, s.position, s.id;
+  FROM cyclone_steps s WHERE s.run_id = ANY (%(run_ids)s) ORDER BY s.run_id, s.position, s.id;
 
 -- name: runs_states
 SELECT id, state FROM cyclone_runs WHERE id = ANY (%(run_ids)s);

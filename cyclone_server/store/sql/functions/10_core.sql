@@ -82,33 +82,13 @@ BEGIN
 END $$;
 
 -- The run's result: the outputs of its leaves (nodes nothing depends on), by node id.
--- A run's steps and edges are in its day of history (a step's id starts with its run's;
--- migration 0014), so a lookup by run_id or dep_id reads from the start of that day
--- (cyclone__days_span) on: by those columns alone it would read every day's index. The
--- bound is only a lower one: a range of two unknown bounds looks so selective to the
--- planner that a plan made on small tables reads the day through the primary key, where a
--- lower bound alone (a third of the table, to the planner) leaves the lookup to the index of
--- run_id or dep_id. The days it keeps are the run's and those after it (today's and the
--- ones to come, for a recent run). So do the other lookups of a run's steps below.
--- (Its plans are kept for the session, as cyclone__promote's: enable_seqscan off, for the same
--- reason, and so jit off: on Postgres 15 to 17 a disabled seqscan costs 1e10, past every JIT
--- threshold, when it runs outside a results batch, from a timer, a signal or a child run.)
 CREATE OR REPLACE FUNCTION cyclone__run_result(p_run_id uuid) RETURNS jsonb
-LANGUAGE plpgsql STABLE
-SET enable_seqscan = off
-SET jit = off
-AS $$
-DECLARE
-    lo uuid;
-    res jsonb;
-BEGIN
-    SELECT d.lo INTO lo FROM cyclone__days_span(p_run_id, p_run_id) d;
-    SELECT COALESCE(jsonb_object_agg(s.node, COALESCE(s.output, 'null'::jsonb)), '{}'::jsonb) INTO res
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(jsonb_object_agg(s.node, COALESCE(s.output, 'null'::jsonb)), '{}'::jsonb)
       FROM cyclone_steps s
-     WHERE s.run_id = p_run_id AND s.id >= lo
-       AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d WHERE d.dep_id = s.id AND d.step_id >= lo OFFSET 0);
-    RETURN res;
-END $$;
+     WHERE s.run_id = p_run_id
+       AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d WHERE d.dep_id = s.id OFFSET 0)  -- (a probe per step, never hashed)
+$$;
 
 -- Lock the run of a step. NULL when the step does not exist.
 CREATE OR REPLACE FUNCTION cyclone__lock_run_of_step(p_step_id uuid) RETURNS cyclone_runs
@@ -162,13 +142,10 @@ END $$;
 -- holds a finished run). Returns whether it completed.
 CREATE OR REPLACE FUNCTION cyclone__run_settle(p_run_id uuid) RETURNS boolean
 LANGUAGE plpgsql AS $$
-DECLARE
-    lo uuid;
 BEGIN
-    SELECT d.lo INTO lo FROM cyclone__days_span(p_run_id, p_run_id) d;  -- (cyclone__run_result)
     IF EXISTS (SELECT 1 FROM cyclone_runs WHERE id = p_run_id AND state IN ('running', 'paused'))
        AND NOT EXISTS (SELECT 1 FROM cyclone_steps
-                        WHERE run_id = p_run_id AND id >= lo
+                        WHERE run_id = p_run_id
                           AND state NOT IN ('completed', 'discarded', 'cancelled')) THEN
         PERFORM cyclone__run_end(p_run_id, 'completed');
         RETURN true;
@@ -198,16 +175,14 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     n integer := 0;
     child uuid;
-    lo uuid;
 BEGIN
-    SELECT d.lo INTO lo FROM cyclone__days_span(p_run_id, p_run_id) d;  -- (cyclone__run_result)
     FOR child IN
         WITH c AS (
             UPDATE cyclone_steps
                SET state = 'cancelled', cancel_cause = p_cause, cancelled_by = p_by,
                    finished_at = now(),
                    timer_left = NULL, max_wait_left = NULL
-             WHERE run_id = p_run_id AND id >= lo
+             WHERE run_id = p_run_id
                AND (p_ids IS NULL OR id = ANY (p_ids))
                AND state NOT IN ('completed', 'discarded', 'cancelled')
             RETURNING type, child_run_id
@@ -234,12 +209,13 @@ DECLARE
     lo uuid;
     hi uuid;
 BEGIN
-    SELECT d.lo, d.hi INTO lo, hi FROM cyclone__days_span(p_run_id, p_run_id) d;  -- (cyclone__run_result)
+    -- The run's day (its steps are in it: a step's id starts with its run's), for the lookups
+    -- by id = ANY below, which an array alone prunes to no day.
+    SELECT d.lo, d.hi INTO lo, hi FROM cyclone__days_span(p_run_id, p_run_id) d;
     WITH RECURSIVE down (id) AS (
-        SELECT d.step_id FROM cyclone_step_deps d WHERE d.dep_id = p_step_id AND d.step_id >= lo
+        SELECT d.step_id FROM cyclone_step_deps d WHERE d.dep_id = p_step_id
         UNION
         SELECT d.step_id FROM cyclone_step_deps d JOIN down ON d.dep_id = down.id
-         WHERE d.step_id >= lo
     )
     SELECT array_agg(id) INTO downstream FROM down;
 
@@ -306,7 +282,8 @@ CREATE FUNCTION cyclone__promote(p_run_id uuid, p_after uuid DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql
 -- Its statements are cached as generic plans. One planned while cyclone_step_deps was
 -- still empty would scan that table on every completion until the next ANALYZE; every
--- lookup here has an index, so scans are never the right plan. (And jit off: cyclone__run_result.)
+-- lookup here has an index, so scans are never the right plan. And jit off: on Postgres 15 to
+-- 17 a disabled seqscan costs 1e10, past every JIT threshold, outside a results batch too.
 SET enable_seqscan = off
 SET jit = off
 AS $$
@@ -320,7 +297,7 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM cyclone_runs WHERE id = p_run_id AND state = 'running') THEN
         RETURN 0;
     END IF;
-    SELECT d.lo, d.hi INTO lo, hi FROM cyclone__days_span(p_run_id, p_run_id) d;  -- (cyclone__run_result)
+    SELECT d.lo, d.hi INTO lo, hi FROM cyclone__days_span(p_run_id, p_run_id) d;  -- (cyclone__discard_settle)
     -- Two statements, not one with "p_after IS NULL OR ...": a completion must start from
     -- the dependents of its step (cyclone_step_deps_dep), never walk the whole run. Not one
     -- UNION ALL either: its custom plan (one branch pruned) always looks cheaper than the
@@ -328,8 +305,7 @@ BEGIN
     IF p_after IS NOT NULL THEN
         -- The dependents first, on their own: joined in one statement, the generic plan
         -- may start from the run's pending steps instead (which grows with the queue).
-        SELECT array_agg(a.step_id) INTO ids FROM cyclone_step_deps a
-         WHERE a.dep_id = p_after AND a.step_id >= lo;
+        SELECT array_agg(a.step_id) INTO ids FROM cyclone_step_deps a WHERE a.dep_id = p_after;
         IF ids IS NULL THEN
             RETURN 0;
         END IF;
@@ -342,7 +318,7 @@ BEGIN
     ELSE
         SELECT array_agg(s.id ORDER BY s.id) INTO ids
           FROM cyclone_steps s
-         WHERE s.run_id = p_run_id AND s.id >= lo AND s.state = 'pending'
+         WHERE s.run_id = p_run_id AND s.state = 'pending'
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
                             WHERE d.step_id = s.id AND d.step_id >= lo AND d.step_id < hi
                               AND p.id >= lo AND p.id < hi AND p.state <> 'completed' OFFSET 0);
@@ -526,7 +502,6 @@ DECLARE
     root_kinds text[];
     root_tokens text[];
     arrived uuid[];
-    lo uuid;
 BEGIN
     PERFORM cyclone__limits_read_lock();  -- before the limits are read (15_limits.sql)
     limited := EXISTS (SELECT 1 FROM cyclone_limits)
@@ -597,14 +572,12 @@ BEGIN
       INTO any_available, any_child, arrived
       FROM inserted;
 
-    -- (its steps are in its day: cyclone__run_result)
-    SELECT d.lo INTO lo FROM cyclone__days_span(r.id, r.id) d;
     INSERT INTO cyclone_step_deps (run_id, step_id, dep_id)
     SELECT r.id, s.id, d.id
       FROM jsonb_array_elements(p_nodes) n
      CROSS JOIN LATERAL jsonb_array_elements_text(n -> 'deps') AS dep (node)
-      JOIN cyclone_steps s ON s.run_id = r.id AND s.node = n ->> 'id' AND s.id >= lo
-      JOIN cyclone_steps d ON d.run_id = r.id AND d.node = dep.node AND d.id >= lo;
+      JOIN cyclone_steps s ON s.run_id = r.id AND s.node = n ->> 'id'
+      JOIN cyclone_steps d ON d.run_id = r.id AND d.node = dep.node;
 
     IF limited THEN  -- the limits' strategies (it may cancel this very run)
         IF cardinality(arrived) > 1 THEN
@@ -616,8 +589,7 @@ BEGIN
         PERFORM cyclone__notify_available();
     END IF;
     IF any_child AND EXISTS (SELECT 1 FROM cyclone_runs WHERE id = r.id AND state = 'running') THEN
-        FOR sid IN SELECT id FROM cyclone_steps WHERE run_id = r.id AND id >= lo
-                      AND state = 'waiting_child' ORDER BY id LOOP
+        FOR sid IN SELECT id FROM cyclone_steps WHERE run_id = r.id AND state = 'waiting_child' ORDER BY id LOOP
             PERFORM cyclone__child_attach(r.id, sid);
         END LOOP;
     END IF;

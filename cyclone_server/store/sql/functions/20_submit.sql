@@ -104,14 +104,11 @@ RETURNS TABLE (run_id uuid, step_id uuid, created boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     b record;
-    lo uuid;
 BEGIN
     SELECT * INTO b FROM cyclone__run_begin(NULL, NULL, jsonb_build_array(p_node), p_input, p_priority,
                                             p_idempotency_key, p_request_hash, p_deadline,
                                             p_scheduled_at, p_trace_context);
-    SELECT d.lo INTO lo FROM cyclone__days_span(b.run_id, b.run_id) d;  -- its step is in its day
-    RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s
-                  WHERE s.run_id = b.run_id AND s.id >= lo;
+    RETURN QUERY SELECT b.run_id, s.id, b.created FROM cyclone_steps s WHERE s.run_id = b.run_id;
 END $$;
 
 -- Standalone jobs without idempotency keys, set-based: every run in one INSERT, every step

@@ -673,14 +673,14 @@ BEGIN
         -- Promotion (cyclone__promote after each of them): the pending dependents of the
         -- completed steps whose deps are all completed now, in runs that are running (a
         -- paused run keeps them pending until Resume). The dependents first, on their own,
-        -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep. Every
-        -- lookup from here on stays within the batch's days too: a run's steps and edges
-        -- are in its day, and a lookup by another column than the id (dep_id, run_id) would
-        -- read every day's index; such a lookup is bounded from below only (cyclone__run_result).
+        -- as cyclone__promote does, so the plan starts from cyclone_step_deps_dep. The lookups
+        -- by id from here on stay within the batch's days too (a run's steps and edges are in
+        -- its day). One by dep_id or run_id reads every day's index: bounded by an id range,
+        -- a generic plan made on small tables may read the whole range through the primary
+        -- key instead (seen in CI with a lower bound alone).
         SELECT array_agg(DISTINCT a.step_id) INTO cands
           FROM unnest(dag_steps) AS u (id)
-         CROSS JOIN LATERAL (SELECT a.step_id FROM cyclone_step_deps a
-                              WHERE a.dep_id = u.id AND a.step_id >= span_lo OFFSET 0) a;
+         CROSS JOIN LATERAL (SELECT a.step_id FROM cyclone_step_deps a WHERE a.dep_id = u.id OFFSET 0) a;
         IF cands IS NOT NULL THEN
             SELECT array_agg(s.id) FILTER (WHERE s.type = 'task'),
                    array_agg(s.id ORDER BY s.run_id, s.id) FILTER (WHERE s.type <> 'task'),
@@ -740,8 +740,7 @@ BEGIN
                         CROSS JOIN LATERAL (SELECT r.state FROM cyclone_runs r
                                              WHERE r.id = u.id AND r.id >= span_lo AND r.id < span_hi OFFSET 0) r
                         WHERE r.state IN ('running', 'paused')
-                          AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                                           WHERE s.run_id = u.id AND s.id >= span_lo
+                          AND NOT EXISTS (SELECT 1 FROM cyclone_steps s WHERE s.run_id = u.id
                                              AND s.state NOT IN ('completed', 'discarded', 'cancelled')
                                           OFFSET 0)))
             RETURNING r.parent_run_id
