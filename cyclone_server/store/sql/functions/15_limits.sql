@@ -440,6 +440,7 @@ RETURNS TABLE (id uuid, run_id uuid, limit_keys text[], priority integer, fair_a
                scheduled_at timestamptz)
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
+SET jit = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -968,6 +969,7 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone_limit_starts_pushed(p_ids uuid[]) RETURNS integer
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     pushed_at timestamptz := clock_timestamp();
@@ -1055,6 +1057,7 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone__limits_due(p_ids uuid[]) RETURNS double precision
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     RETURN (WITH c AS (
