@@ -13,7 +13,7 @@ import json
 import logging
 import traceback
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -21,7 +21,7 @@ from ._context import Context
 from ._errors import Permanent, outcome_of
 from ._logging import current_step
 from ._models import enum_name
-from ._tracing import preload, traced
+from ._tracing import preload, spans_wanted, traced
 from cyclone_proto import workers_pb2
 from .values import from_value, to_duration, to_value
 
@@ -133,6 +133,8 @@ class LeaseTable:
         self._executor: Executor | None = None
         self._pool: Any = None
         self.max_payload_bytes = DEFAULT_MAX_PAYLOAD_BYTES  # the server's, from its Welcome
+        # Whether each handler is a coroutine function, looked up once per handler, not per lease.
+        self._is_async: dict[Callable[[Context], Any], bool] = {}
 
     def open(self, loop: asyncio.AbstractEventLoop, executor: Executor, pool: Any) -> None:
         self._loop, self._executor, self._pool = loop, executor, pool
@@ -151,7 +153,14 @@ class LeaseTable:
         self.outlet = outlet
         return [h.result for h in self.held.values() if h.result is not None and not h.stopped]
 
-    def start(self, lease: workers_pb2.Lease) -> None:
+    def start_all(self, leases: Iterable[workers_pb2.Lease]) -> None:
+        """Run the handlers of a Leases message's leases (unless the table is draining)."""
+        spans = spans_wanted()  # once per message (see spans_wanted)
+        for lease in leases:
+            self.start(lease, spans)
+
+    def start(self, lease: workers_pb2.Lease, spans: bool | None) -> None:
+        """Run a lease's handler (unless the table is draining); `spans` as spans_wanted() says."""
         if (lease.step_id, lease.lease_generation) in self.held:
             return
         assert self._loop is not None, "LeaseTable.open() first"
@@ -159,7 +168,11 @@ class LeaseTable:
         self.held[h.key] = h
         self.counts["leases"] += 1
         if not self.draining:
-            h.task = asyncio.create_task(traced(h, self._execute), name=f"cyclone-step-{lease.node}-{lease.step_id}")
+            # No span to make and no trace context to pass on: the handler runs without
+            # the tracing wrapper (traced() would only await it).
+            run = (traced(h, self._execute) if spans or (spans is False and lease.trace_context.traceparent)
+                   else self._execute(h))
+            h.task = asyncio.create_task(run, name=f"cyclone-step-{lease.node}-{lease.step_id}")
 
     def stop(self, ref: workers_pb2.LeaseRef, reason: str) -> None:
         h = self.held.get((ref.step_id, ref.lease_generation))
@@ -196,7 +209,10 @@ class LeaseTable:
         try:
             if fn is None:
                 raise LookupError(f"worker {self.worker_id} has no handler for kind {h.lease.kind!r}")
-            if inspect.iscoroutinefunction(fn):
+            is_async = self._is_async.get(fn)
+            if is_async is None:
+                is_async = self._is_async[fn] = inspect.iscoroutinefunction(fn)
+            if is_async:
                 out = await fn(h.ctx)
             else:
                 loop = asyncio.get_running_loop()

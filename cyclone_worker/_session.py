@@ -113,8 +113,7 @@ class Session:
         leases = self.leases
         kind = msg.WhichOneof("msg")
         if kind == "leases":
-            for lease in msg.leases.leases:
-                leases.start(lease)
+            leases.start_all(msg.leases.leases)
         elif kind == "acks":
             for ack in msg.acks.acks:
                 leases.acked(ack)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._leases import Held
 
-__all__ = ["install_provider", "installed", "tracing_configured", "trace_metadata", "traced", "flush"]
+__all__ = ["install_provider", "installed", "tracing_configured", "trace_metadata", "spans_wanted", "traced", "flush"]
 
 log = logging.getLogger("cyclone_worker")
 
@@ -147,6 +147,18 @@ def trace_metadata() -> tuple[tuple[str, str], ...]:
     carrier: dict[str, str] = {}
     api.w3c.inject(carrier)
     return tuple(carrier.items())
+
+
+def spans_wanted() -> bool | None:
+    """Whether a lease's handler runs in a span of its own: None when OpenTelemetry is not
+    installed (never), True when a tracer provider is set (always), False when it is not
+    (only for a lease that carries a trace context, to pass it on). Asked once per Leases
+    message, not per lease: with no provider set, OpenTelemetry looks the environment up on
+    every call. A provider set meanwhile counts from the next message."""
+    api = _otel()
+    if api is None:
+        return None
+    return not isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
 
 
 async def traced(h: Held, execute: Callable[[Held], Awaitable[None]]) -> None:
