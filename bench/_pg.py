@@ -147,16 +147,24 @@ def db_counters(pg: EmbeddedPostgres, name: str) -> dict[str, int]:
 
 
 def table_report(url: str, tables: list[str]) -> dict[str, dict]:
+    """Rows, dead rows, updates, autovacuums and sizes of each table, summed over its partitions
+    (its days of history, migration 0014), and the size of each of its indexes, summed over
+    the partitions' copies of it (autovacuums: the most any partition had)."""
     with psycopg.connect(url, autocommit=True) as c:
         c.execute("SELECT pg_stat_clear_snapshot()")
         out = {}
         for t in tables:
             r = c.execute(
-                f"SELECT {MARK} n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, autovacuum_count, "
-                "pg_relation_size(relid), pg_indexes_size(relid) FROM pg_stat_user_tables WHERE relname = %s",
-                (t,)).fetchone()
-            idx = c.execute(f"SELECT {MARK} indexrelname, pg_relation_size(indexrelid), idx_scan, idx_tup_read "
-                            "FROM pg_stat_user_indexes WHERE relname = %s ORDER BY 1", (t,)).fetchall()
+                f"SELECT {MARK} sum(s.n_live_tup)::bigint, sum(s.n_dead_tup)::bigint, sum(s.n_tup_upd)::bigint, "
+                "sum(s.n_tup_hot_upd)::bigint, max(s.autovacuum_count), sum(pg_relation_size(s.relid))::bigint, "
+                "sum(pg_indexes_size(s.relid))::bigint "
+                "FROM pg_partition_tree(%s::regclass) p JOIN pg_stat_user_tables s ON s.relid = p.relid "
+                "WHERE p.isleaf", (t,)).fetchone()
+            idx = c.execute(f"SELECT {MARK} COALESCE(pg_partition_root(i.indexrelid), i.indexrelid)::regclass::text, "
+                            "sum(pg_relation_size(i.indexrelid))::bigint, sum(i.idx_scan)::bigint, "
+                            "sum(i.idx_tup_read)::bigint "
+                            "FROM pg_partition_tree(%s::regclass) p JOIN pg_stat_user_indexes i ON i.relid = p.relid "
+                            "WHERE p.isleaf GROUP BY 1 ORDER BY 1", (t,)).fetchall()
             out[t] = {"live": r[0], "dead": r[1], "upd": r[2], "hot_upd": r[3], "autovacuums": r[4],
                       "table_bytes": r[5], "index_bytes": r[6], "indexes": {i[0]: i[1] for i in idx}}
     return out

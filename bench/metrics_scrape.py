@@ -28,14 +28,19 @@ from cyclone_server.store.engine import Engine  # noqa: E402
 from cyclone_server.serve.metrics import Metrics, serve_metrics  # noqa: E402
 from cyclone_server.store.migrate import migrate  # noqa: E402
 
-# Runs of `per_run` task steps each, all available, kinds round-robin over the steps.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import fmt_spread, postgres_line  # noqa: E402
+
+# Runs of `per_run` task steps each, all available, kinds round-robin over the steps. Ids as
+# the schema makes them (a run's a uuid7, its steps' starting with it: each row in its run's
+# day of history, migration 0014).
 INSERT_RUNS = """
-INSERT INTO cyclone_runs (id, state) SELECT gen_random_uuid(), 'running' FROM generate_series(1, %(runs)s)
+INSERT INTO cyclone_runs (id, state) SELECT cyclone_uuid7(), 'running' FROM generate_series(1, %(runs)s)
 """
 INSERT_STEPS = """
 INSERT INTO cyclone_steps (id, run_id, node, kind, type, state, max_attempts, max_reclaims, attempt_timeout,
                            backoff_initial, backoff_max, scheduled_at)
-SELECT gen_random_uuid(), r.id, 'n' || i, 'kind_' || (i %% %(kinds)s), 'task', 'available', 25, 5,
+SELECT cyclone__step_uuid(r.id), r.id, 'n' || i, 'kind_' || (i %% %(kinds)s), 'task', 'available', 25, 5,
        interval '10 min', interval '1 s', interval '10 min', now() - interval '1 s' * i
   FROM cyclone_runs r, generate_series(1, %(per_run)s) AS i
 """
@@ -53,18 +58,20 @@ async def scrape(port: int) -> float:
     return elapsed
 
 
-async def measure(port: int, n: int) -> tuple[float, float]:
+async def measure(port: int, n: int) -> tuple[list[float], float]:
+    """The `n` scrapes' times (s), and their p95."""
     for _ in range(3):  # warm the caches and the pool
         await scrape(port)
     times = sorted([await scrape(port) for _ in range(n)])
-    return statistics.median(times), times[int(0.95 * (len(times) - 1))]
+    return times, times[int(0.95 * (len(times) - 1))]
 
 
 async def bench(url: str, steps: int, kinds: int, scrapes: int) -> None:
     migrate(url)
     engine = await Engine.open(url, min_size=1, max_size=2)
     server = await serve_metrics(Metrics(), engine, "127.0.0.1", 0)
-    rows: list[tuple[str, float, float]] = []
+    rows: list[tuple[str, list[float], float]] = []
+    settings = postgres_line(url)
     try:
         rows.append(("empty queue", *await measure(server.port, scrapes)))
         per_run = 1000
@@ -81,11 +88,13 @@ async def bench(url: str, steps: int, kinds: int, scrapes: int) -> None:
     finally:
         await server.close()
         await engine.close()
-    base = rows[0][1]
-    print(f"\n{'backlog':<34} {'median ms':>10} {'p95 ms':>10} {'ratio':>8}")
-    for name, median, p95 in rows:
-        print(f"{name:<34} {median * 1000:>10.2f} {p95 * 1000:>10.2f} {median / base:>7.1f}x")
+    base = statistics.median(rows[0][1])
+    print(f"\n{'backlog':<34} {'median ms (min, max)':>30} {'p95 ms':>10} {'ratio':>8}")
+    for name, times, p95 in rows:
+        print(f"{name:<34} {fmt_spread([t * 1000 for t in times], '{:.2f}'):>30} {p95 * 1000:>10.2f} "
+              f"{statistics.median(times) / base:>7.1f}x")
     print(f"\n({scrapes} scrapes each; ratio = median / median of the empty queue)")
+    print(settings)
 
 
 def main() -> None:
@@ -93,8 +102,10 @@ def main() -> None:
     p.add_argument("--database-url", help="an empty database (default: embedded Postgres in a temp dir)")
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--kinds", type=int, default=10)
-    p.add_argument("--scrapes", type=int, default=30)
+    p.add_argument("--scrapes", type=int, default=30, help="at least 5")
     args = p.parse_args()
+    if args.scrapes < 5:
+        p.error("--scrapes: at least 5")
     if args.database_url:
         asyncio.run(bench(args.database_url, args.steps, args.kinds, args.scrapes))
         return
