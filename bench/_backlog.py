@@ -18,6 +18,7 @@ from cyclone_server.store.migrate import migrate
 from _common import note, start_server
 from _drain import KIND, Drain, Stage, cyclone_worker_main, fmt_int, poll_until, print_rows, print_statements
 from _pg import MARK, create_db, settle, table_report
+from _report import fmt_spread
 
 TERMINAL_RUNS = "state IN ('completed', 'failed', 'cancelled')"
 LOAD_CHUNK = 50_000
@@ -228,8 +229,8 @@ def report_backlog(results: list[Drain], args) -> None:
                      f"{fmt_int(b['dead'])} -> {fmt_int(a['dead'])}",
                      f"{b['table_bytes'] / 2**20:.1f} -> {a['table_bytes'] / 2**20:.1f}",
                      f"{b['index_bytes'] / 2**20:.1f} -> {a['index_bytes'] / 2**20:.1f}",
-                     f"{b['indexes'].get('cyclone_steps_claim', 0) / 2**20:.2f} -> "
-                     f"{a['indexes'].get('cyclone_steps_claim', 0) / 2**20:.2f}",
+                     f"{b['indexes'].get('cyclone_steps_claim_free', 0) / 2**20:.2f} -> "
+                     f"{a['indexes'].get('cyclone_steps_claim_free', 0) / 2**20:.2f}",
                      f"{a['hot_upd'] - b['hot_upd']} / {a['upd'] - b['upd']}",
                      str(a["autovacuums"] - b["autovacuums"]),
                      fmt_int(d.per_job(d.pg_cpu) * 1e6), fmt_int(d.per_job(d.server_cpu) * 1e6)])
@@ -239,8 +240,19 @@ def report_backlog(results: list[Drain], args) -> None:
     big = [d for d in results if d.extra["backlog"] == args.backlog_size and not d.extra["tuned"]]
     small = [d for d in results if d.extra["backlog"] == args.backlog_small]
     if big and small:
-        print(f"\nratio large / small backlog (medians): "
-              f"{statistics.median(d.rate for d in big) / statistics.median(d.rate for d in small):.2f}")
+        # Each large drain against the small ones just before and after it (the plan brackets
+        # every large drain with small ones), so a change in the machine's load cancels out.
+        order = [d for d in results if not d.extra["tuned"]]
+        pairs = []
+        for i, d in enumerate(order):
+            if d.extra["backlog"] == args.backlog_size:
+                around = [x.rate for x in order[max(i - 1, 0):i + 2] if x.extra["backlog"] == args.backlog_small]
+                if around:
+                    pairs.append(d.rate / statistics.mean(around))
+        print(f"\nlarge backlog: {fmt_spread([d.rate for d in big])} jobs/s; small: {fmt_spread([d.rate for d in small])}; "
+              f"ratio large / small (medians): "
+              f"{statistics.median(d.rate for d in big) / statistics.median(d.rate for d in small):.2f}"
+              + (f" (each large drain against the small ones around it: {fmt_spread(pairs, '{:.2f}')})" if pairs else ""))
     for d in results:
         print(f"\n{d.name}, top-level statements, per job:")
         print_statements(d, limit=3)

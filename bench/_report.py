@@ -37,3 +37,16 @@ def fmt_spread(values: Sequence[float], fmt: str = "{:,.0f}") -> str:
     """`4,210 (min 3,980, max 4,400)`: a figure as the report shows it."""
     med, lo, hi = spread(values)
     return f"{fmt.format(med)} (min {fmt.format(lo)}, max {fmt.format(hi)})"
+
+
+def print_rounds(figures: Sequence[tuple[str, str, str]], rounds: Sequence[dict[str, float]]) -> None:
+    """A table of `figures` ((key, name, format) each): a column per round, then the median of
+    the rounds with their min and max."""
+    header = ["figure", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"]
+    rows = [[name, *[fmt.format(r[key]) for r in rounds], fmt_spread([r[key] for r in rounds], fmt)]
+            for key, name, fmt in figures]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("| " + " | ".join("-" * w for w in widths) + " |")
+    for row in rows:
+        print("| " + " | ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:]))]) + " |")

@@ -17,7 +17,11 @@ the drain:
 - the cycle these make, and the rate it implies: workers x slots / cycle;
 - how busy the dispatcher was, and the result batches (applied while the next claim runs).
 
-    .venv/bin/python bench/drain_cycle.py          # --jobs 20000 --workers 2 --slots 64
+Each of --rounds rounds drains on a fresh database and server; each figure is the mean over
+its drain, printed per round and as the median of the rounds (min, max), under the Postgres
+version and settings.
+
+    .venv/bin/python bench/drain_cycle.py          # --jobs 20000 --workers 2 --slots 64 --rounds 5
 """
 
 from __future__ import annotations
@@ -26,24 +30,22 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from collections import defaultdict, deque
 from pathlib import Path
 
+import psycopg
+
+from _common import note
 from _contestants import drain_cyclone
 from _pg import start_postgres
+from _report import MIN_ROUNDS, postgres_line, print_rounds
 
 WRAPPER = (str(Path(__file__).resolve().parent / "_cycle_server.py"),)
 
 
-def _ms(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    xs = sorted(xs)
-    return (f"p50 {statistics.median(xs) * 1e3:6.2f}  p90 {xs[int(len(xs) * 0.9)] * 1e3:6.2f}  "
-            f"mean {statistics.mean(xs) * 1e3:6.2f} ms  (n = {len(xs)})")
-
-
-def report(events: list[list], jobs: int, seconds: float, workers: int, slots: int) -> None:
+def cycle_figures(events: list[list], jobs: int, seconds: float, workers: int, slots: int) -> dict[str, float]:
+    """One drain's figures (FIGURES) from the wrapper's events."""
     claims = [e for e in events if e[0] == "claim" and e[4] > 0]
     start, end = min(e[2] for e in claims), max(e[3] for e in claims)
     events = sorted((e for e in events if start <= e[2] <= end), key=lambda e: e[2])
@@ -74,27 +76,41 @@ def report(events: list[list], jobs: int, seconds: float, workers: int, slots: i
         elif what == "claim" and worker in last_results:
             waits.append(t0 - last_results.pop(worker))
 
-    claim_s = [e[3] - e[2] for e in claims]
-    push_s = [e[3] - e[2] for e in pushes]
-    span = end - start
-    print(f"\n{jobs} jobs drained in {seconds:.2f} s: {jobs / seconds:,.0f} jobs/s "
-          f"({workers} workers x {slots} slots)")
-    print(f"claim                 {_ms(claim_s)}, {statistics.mean(e[4] for e in claims):.1f} rows each")
-    print(f"push (Leases)         {_ms(push_s)}")
-    print(f"worker turnaround     {_ms(turnaround)}")
-    print(f"wait for a claim      {_ms(waits)}")
-    if turnaround and waits:  # a drain of one claim per worker has no cycle
-        cycle = (statistics.mean(claim_s) + statistics.mean(push_s) + statistics.mean(turnaround)
-                 + statistics.mean(waits))
-        print(f"cycle (sum of means)  {cycle * 1e3:.2f} ms: {workers} x {slots} / cycle = "
-              f"{workers * slots / cycle:,.0f} jobs/s")
-    print(f"Results messages      {len(results)}, {statistics.mean(e[4] for e in results):.1f} results each, "
-          f"read in {_ms([e[3] - e[2] for e in results])}")
-    if applies:
-        print(f"result batches        {_ms([e[3] - e[2] for e in applies])}, "
-              f"{statistics.mean(e[4] for e in applies):.1f} results each")
-    print(f"dispatcher busy       {sum(e[3] - e[2] for e in passes) / span:.0%} of the drain "
-          f"({len(passes)} passes)")
+    def mean_ms(xs: list[float]) -> float:
+        return statistics.mean(xs) * 1e3 if xs else float("nan")
+
+    out = {"rate": jobs / seconds, "claim": mean_ms([e[3] - e[2] for e in claims]),
+           "claim_rows": statistics.mean(e[4] for e in claims), "push": mean_ms([e[3] - e[2] for e in pushes]),
+           "turnaround": mean_ms(turnaround), "wait": mean_ms(waits),
+           "results_each": statistics.mean(e[4] for e in results) if results else float("nan"),
+           "batch": mean_ms([e[3] - e[2] for e in applies]),
+           "batch_each": statistics.mean(e[4] for e in applies) if applies else float("nan"),
+           "busy": 100 * sum(e[3] - e[2] for e in passes) / (end - start)}
+    # A drain of one claim per worker has no cycle.
+    out["cycle"] = out["claim"] + out["push"] + out["turnaround"] + out["wait"]
+    out["cycle_rate"] = workers * slots / out["cycle"] * 1e3
+    return out
+
+
+FIGURES = [("rate", "drain, jobs/s", "{:,.0f}"),
+           ("claim", "claim, statement sent to rows back (commit included), mean ms", "{:.2f}"),
+           ("claim_rows", "rows per claim", "{:.1f}"),
+           ("push", "push: the Leases message built and queued, mean ms", "{:.2f}"),
+           ("turnaround", "worker turnaround: push to the Results that answer it, mean ms", "{:.2f}"),
+           ("wait", "wait for a claim: a worker's Results to its next claim, mean ms", "{:.2f}"),
+           ("cycle", "cycle (sum of the means), ms", "{:.2f}"),
+           ("cycle_rate", "workers x slots / cycle, jobs/s", "{:,.0f}"),
+           ("results_each", "results per Results message", "{:.1f}"),
+           ("batch", "result batch, mean ms", "{:.2f}"),
+           ("batch_each", "results per batch", "{:.1f}"),
+           ("busy", "dispatcher busy, % of the drain", "{:.0f}")]
+
+
+def report(rounds: list[dict[str, float]], args: argparse.Namespace, settings: str) -> None:
+    print(f"\njobs={args.jobs} workers={args.workers} slots={args.slots} rounds={len(rounds)} "
+          f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(settings)
+    print_rounds(FIGURES, rounds)
 
 
 def main() -> None:
@@ -102,18 +118,34 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if args.rounds < MIN_ROUNDS:
+        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="cyclone-cycle-") as tmp:
         workdir = Path(tmp)
         pg = start_postgres(workdir / "pg")
         try:
-            d = drain_cyclone(pg, "cycle", args.jobs, args.workers, args.timeout, workdir,
-                              slots=args.slots, server_program=WRAPPER)
+            settings = postgres_line(pg.url())
+            note(settings)
+            seen: set[Path] = set()
+            for r in range(args.rounds):
+                d = drain_cyclone(pg, f"cycle_{r}", args.jobs, args.workers, args.timeout, workdir,
+                                  slots=args.slots, server_program=WRAPPER)
+                (events_file,) = set(workdir.glob("ready-*.json.events.json")) - seen
+                seen.add(events_file)
+                rounds.append(cycle_figures(json.loads(events_file.read_text()), d.jobs, d.seconds,
+                                            args.workers, args.slots))
+                note(f"round {r + 1}: {rounds[-1]['rate']:,.0f} jobs/s")
+                with psycopg.connect(pg.url(), autocommit=True) as c:
+                    c.execute(f"DROP DATABASE cycle_{r} WITH (FORCE)")
         finally:
             pg.stop()
-        (events_file,) = workdir.glob("ready-*.json.events.json")
-        report(json.loads(events_file.read_text()), d.jobs, d.seconds, args.workers, args.slots)
+    report(rounds, args, settings)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ database. It prints p50 / p90 / p99 of:
 - scheduled_at -> handler: the dispatch latency `bench/throughput.py` reports;
 - call round trip: the client's `Enqueue` call.
 
-All times are taken on one machine's clock (Postgres's `now()` and `time.time()`).
+All times are taken on one machine's clock (Postgres's `now()` and `time.time()`). Each of
+--rounds rounds runs on a fresh database, server and worker; each figure is the median of the
+rounds' own percentiles, with their min and max, under the Postgres version and settings.
 
-    .venv/bin/python bench/latency.py            # --jobs 200
+    .venv/bin/python bench/latency.py            # --jobs 200 --rounds 5
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -37,6 +40,7 @@ from cyclone_server.store.migrate import migrate  # noqa: E402
 from cyclone_worker import Client, Context, Worker  # noqa: E402
 
 from _common import note, start_server  # noqa: E402
+from _report import MIN_ROUNDS, fmt_spread, postgres_line  # noqa: E402
 
 KIND = "latency"
 
@@ -87,35 +91,64 @@ async def measure(address: str, url: str, jobs: int) -> dict[str, list[float]]:
     return parts
 
 
+def one_round(pg: Any, workdir: Path, r: int, jobs: int) -> dict[str, list[float]]:
+    """A round on a fresh database, server and worker: each hop's times, in seconds."""
+    with psycopg.connect(pg.url(), autocommit=True) as c:
+        c.execute(f"CREATE DATABASE latency_{r}")
+    url = pg.url(f"latency_{r}")
+    migrate(url)
+    server = worker = None
+    try:
+        server, address = start_server(url, workdir)
+        worker = mp.get_context("spawn").Process(target=worker_main, args=(address,), daemon=True)
+        worker.start()
+        note(f"round {r + 1}: {jobs} jobs, one at a time, 10 ms apart")
+        return asyncio.run(measure(address, url, jobs))
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.join(10)
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+        with psycopg.connect(pg.url(), autocommit=True) as c:
+            c.execute(f"DROP DATABASE latency_{r} WITH (FORCE)")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th quantile of `values` (sorted), in ms; the median for q = 0.5."""
+    if q == 0.5:
+        return statistics.median(values) * 1000
+    return values[min(len(values) - 1, int(len(values) * q))] * 1000
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if args.rounds < MIN_ROUNDS:
+        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
     with tempfile.TemporaryDirectory(prefix="cyclone-latency-") as tmp:
         workdir = Path(tmp)
         pg = start_embedded(workdir / "pg")
-        server = worker = None
         try:
-            url = pg.url()
-            migrate(url)
-            server, address = start_server(url, workdir)
-            worker = mp.get_context("spawn").Process(target=worker_main, args=(address,), daemon=True)
-            worker.start()
-            note(f"{args.jobs} jobs, one at a time, 10 ms apart")
-            parts = asyncio.run(measure(address, url, args.jobs))
+            settings = postgres_line(pg.url())
+            note(settings)
+            rounds = [one_round(pg, workdir, r, args.jobs) for r in range(args.rounds)]
         finally:
-            if worker is not None:
-                worker.terminate()
-                worker.join(10)
-            if server is not None:
-                server.terminate()
-                server.wait(30)
             pg.stop()
-    print(f"jobs={args.jobs} date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    for name, values in parts.items():
-        values.sort()
-        p = lambda q: values[min(len(values) - 1, int(len(values) * q))] * 1000  # noqa: E731
-        print(f"{name:24s} p50 {statistics.median(values) * 1000:6.2f} ms   p90 {p(0.9):6.2f} ms   p99 {p(0.99):6.2f} ms")
+    print(f"jobs={args.jobs} rounds={args.rounds} date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(settings)
+    print("each: the median of the rounds' own percentile, ms (min, max)")
+    for name in rounds[0]:
+        for parts in rounds:
+            parts[name].sort()
+        cells = [f"p{int(q * 100)} " + fmt_spread([percentile(parts[name], q) for parts in rounds], "{:.2f}")
+                 for q in (0.5, 0.9, 0.99)]
+        print(f"{name:24s} " + "   ".join(cells))
 
 
 if __name__ == "__main__":

@@ -7,16 +7,17 @@ outgoing `Leases`. The reference below is the first code: from a row as `Engine.
 returns it (UUIDs, datetimes, parsed JSON), a `Value` built and then copied in,
 `Timestamp.FromDatetime`, and a list of Leases copied into the message.
 Both build the same message, which this checks first; then it times both in the same
-process, alternating, and prints the best of `--repeat` for each (the minimum is the
-figure least disturbed by other load on the machine).
+process, alternating, --rounds times, and prints each figure as the median of the rounds
+with their min and max (no Postgres: the rows are made in memory).
 
-    .venv/bin/python bench/lease_build.py            # --leases 1000 --repeat 7
+    .venv/bin/python bench/lease_build.py            # --leases 1000 --rounds 7
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import timeit
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -26,6 +27,8 @@ from typing import Any
 from cyclone_proto import workers_pb2 as pb
 from cyclone_server.convert import py_to_value, to_timestamp
 from cyclone_server.stream.wire import lease_message
+
+from _report import MIN_ROUNDS, fmt_spread  # bench/ is sys.path[0] when run as a script
 
 
 def reference_lease(row: dict[str, Any]) -> pb.Lease:
@@ -81,20 +84,25 @@ def claimed_rows(n: int) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--leases", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=7, help=f"at least {MIN_ROUNDS}")
     args = ap.parse_args()
+    if args.rounds < MIN_ROUNDS:
+        ap.error(f"--rounds: at least {MIN_ROUNDS}")
     rows = claimed_rows(args.leases)
     wire = wire_rows(rows)
     # The same message (compared parsed: the order of a Struct's map entries on the wire may differ).
     assert pb.ServerMessage.FromString(reference(rows)) == pb.ServerMessage.FromString(current(wire)), \
         "the two builders must produce the same message"
-    best = {"reference (before)": float("inf"), "lease_message (now)": float("inf")}
-    for _ in range(args.repeat):
+    took: dict[str, list[float]] = {"reference (before)": [], "lease_message (now)": []}
+    for _ in range(args.rounds):
         for name, fn, data in (("reference (before)", reference, rows), ("lease_message (now)", current, wire)):
-            best[name] = min(best[name], timeit.timeit(lambda: fn(data), number=3))
-    for name, seconds in best.items():
-        print(f"{name}: {seconds / 3 / len(rows) * 1e6:.1f} µs per lease, built and serialized")
-    print(f"ratio now / before: {best['lease_message (now)'] / best['reference (before)']:.2f}")
+            took[name].append(timeit.timeit(lambda: fn(data), number=3) / 3 / len(rows) * 1e6)
+    print(f"leases={args.leases} rounds={args.rounds}")
+    for name, us in took.items():
+        print(f"{name}: {fmt_spread(us, '{:.1f}')} µs per lease, built and serialized")
+    ratios = [a / b for a, b in zip(took["lease_message (now)"], took["reference (before)"])]
+    print(f"ratio now / before: {statistics.median(took['lease_message (now)']) / statistics.median(took['reference (before)']):.2f} "
+          f"(rounds: min {min(ratios):.2f}, max {max(ratios):.2f})")
 
 
 if __name__ == "__main__":

@@ -38,9 +38,10 @@ consumer/worker processes (psutil, microseconds).
 --backlog: Cyclone (2 workers) only. A database of --backlog-small and one of --backlog-size
 committed jobs are loaded once each with SQL (cyclone_job_enqueue over generate_series,
 50,000 per transaction), vacuumed and analyzed; every drain works on a fresh copy (CREATE
-DATABASE ... TEMPLATE) after a CHECKPOINT, with a fresh server. The order is small, large
-(--backlog-rounds times), small again, so that the two small drains show how much the
-machine's load moved. With --backlog-tuned, each large drain is repeated with the
+DATABASE ... TEMPLATE) after a CHECKPOINT, with a fresh server. The order is small, then
+(large, small) --backlog-rounds times (default 5), so that every large drain has a small one
+just before and after it, which show how much the machine's load moved; the rates are
+reported as medians with min and max, and each large drain against the small ones around it. With --backlog-tuned, each large drain is repeated with the
 autovacuum settings docs/benchmarks.md suggests (TUNED_TABLES, naptime 10 s). It compares
 the rate of the first min(--jobs, backlog) completions, with buffers per claim and per
 results batch, dead tuples, HOT updates, autovacuum runs and table/index sizes.
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--backlog", action="store_true", help="measure the drain from a large backlog instead")
     ap.add_argument("--backlog-size", type=int, default=1_000_000)
     ap.add_argument("--backlog-small", type=int, default=10_000)
-    ap.add_argument("--backlog-rounds", type=int, default=1)
+    ap.add_argument("--backlog-rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--backlog-tuned", action="store_true",
                     help="also drain the large backlog with the suggested autovacuum settings")
     ap.add_argument("--backlog-twice", action="store_true",

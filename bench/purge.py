@@ -1,6 +1,6 @@
 """Whether purging a million terminal runs holds up claims: claim latency with and without the retention sweep.
 
-    .venv/bin/python bench/purge.py [--runs 1000000] [--claimers 4] [--batch 1000] [--pass-batches 20]
+    .venv/bin/python bench/purge.py [--runs 1000000] [--claimers 4] [--batch 1000] [--pass-batches 20] [--rounds 5]
 
 On an embedded Postgres with durable commits (fsync and synchronous_commit on), the script
 bulk-inserts --runs terminal runs that finished two days ago, each with one step, as the
@@ -17,7 +17,9 @@ plus a live queue of available steps of another kind. --claimers tasks loop Engi
 
 It prints the latency per window kind, the ratio of "purge passes" to "baseline" and to
 "between passes", the purge rate and the time of one batch (one transaction), and checks
-that exactly the old runs (and their steps) were deleted.
+that exactly the old runs (and their steps) were deleted; per round (each on a fresh
+database), then a table of the rounds and their median with min and max, under the
+Postgres version and settings.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from cyclone_server.serve.background import RETENTION_BATCH, RETENTION_MAX_BATCH
 from cyclone_server.store.embedded import start_embedded  # noqa: E402
 from cyclone_server.store.engine import Engine  # noqa: E402
 from cyclone_server.store.migrate import migrate  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import MIN_ROUNDS, postgres_line, print_rounds  # noqa: E402
 
 LIVE_KIND = "live"
 CLAIM_APP = "cyclone-bench-claims"  # application_name of the claim connections
@@ -189,7 +194,7 @@ async def purge_passes(retention: Engine, batch: int, per_pass: int,
     return deleted
 
 
-async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int, baseline: float) -> None:
+async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int, baseline: float) -> dict[str, float]:
     work = await Engine.open(make_conninfo(url, application_name=CLAIM_APP), min_size=claimers, max_size=claimers)
     retention = await Engine.open(url, min_size=1, max_size=1)
     load = Load()
@@ -222,6 +227,8 @@ async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int,
         spans = [(s, e) for n, s, e in windows if n == name]
         ss = [x for x in load.samples if any(s <= x.at < e for s, e in spans)]
         seconds = sum(e - s for s, e in spans)
+        if not seconds:  # a purge done in one pass has no pause after it
+            continue
         rows[name] = (len(ss), len(ss) / seconds, *quantiles([x.claim for x in ss]), *quantiles([x.cycle for x in ss]))
         ls = [x for x in load.lock_samples if any(s <= x[0] < e for s, e in spans)]
         locks[name] = (sum(1 for x in ls if x[1]), sum(1 for x in ls if x[2]), len(ls))
@@ -232,7 +239,7 @@ async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int,
         print(f"{name:<22} {n:>7} {rate:>9.0f} {q[0]:>10.2f} {q[1]:>8.2f} {q[2]:>8.1f} "
               f"{q[3]:>10.2f} {q[4]:>8.2f} {q[5]:>8.1f}")
     during = rows["purge passes"]
-    for name in ("baseline", "between passes"):
+    for name in [n for n in ("baseline", "between passes") if n in rows]:
         ratio = [d / b for d, b in zip(during[1:], rows[name][1:], strict=True)]
         print(f"{'ratio passes / ' + name.split()[0]:<22} {'':>7} {ratio[0]:>8.2f}x " + " ".join(
             f"{r:>{w}.2f}x" for r, w in zip(ratio[1:], (9, 7, 7, 9, 7, 7), strict=True)))
@@ -245,6 +252,20 @@ async def measure(url: str, runs: int, claimers: int, batch: int, per_pass: int,
     print(f"one batch (one transaction): p50 {b50:.1f} ms, p99 {b99:.1f} ms, max {bmax:.1f} ms")
     print("samples of pg_stat_activity (every 20 ms) with a claim connection waiting on a row or table lock / "
           "on the NOTIFY queue lock: " + ", ".join(f"{name} {w} / {nq} of {n}" for name, (w, nq, n) in locks.items()))
+    base = rows["baseline"]
+    return {"rate": during[1] / base[1], "claim_p50": during[2] / base[2], "claim_p99": during[3] / base[3],
+            "cycle_p50": during[5] / base[5], "cycle_p99": during[6] / base[6], "purged": deleted / active,
+            "batch_p50": b50, "batch_p99": b99}
+
+
+FIGURES = [("rate", "claim cycles/s, purge passes / baseline", "{:.2f}"),
+           ("claim_p50", "claim p50, purge passes / baseline", "{:.2f}"),
+           ("claim_p99", "claim p99, purge passes / baseline", "{:.2f}"),
+           ("cycle_p50", "cycle p50, purge passes / baseline", "{:.2f}"),
+           ("cycle_p99", "cycle p99, purge passes / baseline", "{:.2f}"),
+           ("purged", "runs purged per second while purging", "{:,.0f}"),
+           ("batch_p50", "one batch (one transaction), p50 ms", "{:.1f}"),
+           ("batch_p99", "one batch (one transaction), p99 ms", "{:.1f}")]
 
 
 def create_database(admin_url: str, name: str) -> str:
@@ -262,22 +283,40 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=RETENTION_BATCH, help="purge limit per call (as Background)")
     p.add_argument("--pass-batches", type=int, default=RETENTION_MAX_BATCHES, help="batches per pass (as Background)")
     p.add_argument("--baseline", type=float, default=30.0, metavar="SECONDS")
-    p.add_argument("--database-url", help="an empty database (default: embedded Postgres in a temp dir)")
+    p.add_argument("--database-url", help="a server whose database `postgres` the rounds' databases are made from "
+                                          "(default: embedded Postgres in a temp dir)")
+    p.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="each round on a fresh database")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.rounds < MIN_ROUNDS:
+        print(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure", flush=True)
     started = time.perf_counter()
+
+    def rounds_on(admin_url: str) -> tuple[str, list[dict[str, float]]]:
+        settings = postgres_line(admin_url)
+        out = []
+        for r in range(args.rounds):
+            url = create_database(admin_url, f"cyclone_bench_purge_{r}")
+            prepare(url, args.runs, args.queue)
+            out.append(asyncio.run(measure(url, args.runs, args.claimers, args.batch, args.pass_batches,
+                                           args.baseline)))
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(f"cyclone_bench_purge_{r}")))
+        return settings, out
+
     if args.database_url:
-        prepare(args.database_url, args.runs, args.queue)
-        asyncio.run(measure(args.database_url, args.runs, args.claimers, args.batch, args.pass_batches,
-                            args.baseline))
+        settings, rounds = rounds_on(args.database_url)
     else:
         with tempfile.TemporaryDirectory(prefix="cyclone-purge-") as tmp:
             pg = start_embedded(Path(tmp) / "pg")  # durable: fsync and synchronous_commit stay on
             try:
-                url = create_database(pg.url(), "cyclone_bench")
-                prepare(url, args.runs, args.queue)
-                asyncio.run(measure(url, args.runs, args.claimers, args.batch, args.pass_batches, args.baseline))
+                settings, rounds = rounds_on(pg.url())
             finally:
                 pg.stop()
+    print(f"\nruns={args.runs:,} rounds={args.rounds} date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(settings)
+    print_rounds(FIGURES, rounds)
     print(f"(total {time.perf_counter() - started:.0f} s)")
 
 

@@ -15,9 +15,12 @@ Per step it reports, from `pg_walinspect` over each phase's WAL: B-tree leaf ins
 index entries written), heap records (updates, HOT updates, row locks) and WAL bytes; from
 `pg_stat_statements` with `track = all`: statements run (nested ones included, as
 PL/pgSQL runs them), shared buffers touched and execution time. All but the time are
-deterministic: the same code gives the same counts on a busy machine or a quiet one.
+deterministic: the same code gives the same counts on a busy machine or a quiet one. Each of
+--rounds rounds runs both workloads on fresh databases; a figure that differs between rounds
+(the time, and WAL bytes and buffers when a checkpoint falls in a phase) is printed as the
+median of the rounds with their min and max, one that does not as its value.
 
-    .venv/bin/python bench/rowcost.py              # --jobs 4096 --runs 200
+    .venv/bin/python bench/rowcost.py              # --jobs 4096 --runs 200 --rounds 5
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from cyclone_server.store.migrate import migrate  # noqa: E402
 
 from _common import note  # noqa: E402
 from _pg import MARK, create_db  # noqa: E402
+from _report import MIN_ROUNDS, fmt_spread, postgres_line  # noqa: E402
 
 KIND = "rowcost"
 BATCH = 64
@@ -163,7 +167,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if args.rounds < MIN_ROUNDS:
+        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
     with tempfile.TemporaryDirectory(prefix="cyclone-rowcost-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")
         try:
@@ -172,25 +181,37 @@ def main() -> None:
                 c.execute("ALTER SYSTEM SET autovacuum = off")
             pg.stop()
             pg = start_embedded(Path(tmp) / "pg")
-            with psycopg.connect(pg.url(), autocommit=True) as c:
-                version = c.execute("SHOW server_version").fetchone()[0]
-            rows = []
-            for name, fn, n in (("rowcost_jobs", jobs, args.jobs), ("rowcost_dag", dags, args.runs)):
-                url = create_db(pg, name)
-                with psycopg.connect(url, autocommit=True) as c:
-                    c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
-                migrate(url)
-                note(f"{name}: {n}")
-                rows += fn(url, n)
+            settings = postgres_line(pg.url())
+            rounds: list[list[dict]] = []
+            for r in range(args.rounds):
+                rows = []
+                for name, fn, n in (("rowcost_jobs", jobs, args.jobs), ("rowcost_dag", dags, args.runs)):
+                    url = create_db(pg, name)
+                    with psycopg.connect(url, autocommit=True) as c:
+                        c.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+                    migrate(url)
+                    note(f"round {r + 1}: {name}: {n}")
+                    rows += fn(url, n)
+                rounds.append(rows)
         finally:
             pg.stop()
-    cols = list(rows[0])
-    print(f"PostgreSQL {version}; {args.jobs} jobs, {args.runs} DAG runs of {len(DAG)} nodes\n")
+    cols = list(rounds[0][0])
+    print(f"{settings}\n{args.jobs} jobs, {args.runs} DAG runs of {len(DAG)} nodes, {args.rounds} rounds\n")
     print("| " + " | ".join(cols) + " |")
     print("|" + " --- |" * len(cols))
-    for r in rows:
-        print("| " + " | ".join(f"{v:,.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
-                                for v in r.values()) + " |")
+    for i in range(len(rounds[0])):
+        print("| " + " | ".join(cell([rows[i][col] for rows in rounds]) for col in cols) + " |")
+
+
+def cell(values: list) -> str:
+    """A column's values over the rounds: the value when every round had it, else the median
+    of the rounds with their min and max."""
+    if all(v == values[0] for v in values):
+        v = values[0]
+        return f"{v:,.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+    if all(isinstance(v, (int, float)) for v in values):
+        return fmt_spread(values, "{:,.2f}")
+    return " / ".join(dict.fromkeys(str(v) for v in values))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
 """End-to-end throughput and dispatch latency of Cyclone, against raw SQL doing the same row work.
 
-    .venv/bin/python bench/throughput.py [--jobs 10000] [--runs 1000] [--workers 2] [--slots 64] [--batch 100] [--rounds 3]
+    .venv/bin/python bench/throughput.py [--jobs 10000] [--runs 1000] [--workers 2] [--slots 64] [--batch 100] [--rounds 5]
 
 Everything runs on this machine together: an embedded Postgres with durable commits
 (fsync and synchronous_commit on), one `cyclone-server`, Python SDK workers as separate
 processes with no-op handlers, and the load generator. Each round runs every phase below
 in turn, Cyclone's on a fresh database, server and workers, the raw SQL baseline on a
 fresh database of its own (so a round's Cyclone and raw SQL figures are made minutes
-apart at most), then the floor once both databases are dropped. It prints one table, a
-column per round and the median of the rounds:
+apart at most), then the floor once both databases are dropped. It prints the Postgres
+version and settings, and one table: a column per round, then the median of the rounds
+with their min and max (a ratio: the ratio of the medians, with the min and max of the
+rounds' own ratios):
 
 - standalone jobs: Enqueue over gRPC -> claim -> handler -> complete, steps/s, once with
   one Enqueue call per job (64 calls in flight, `Client(enqueue_calls=0)`), once with one
@@ -57,6 +59,7 @@ from cyclone_worker import Client, Context, Job, Worker
 from _common import DAG_NODES, bench_dag, note, start_server  # bench/ is sys.path[0] when run as a script
 from _grpc_floor import grpc_floor
 from _pg import CpuSampler, postgres_pids
+from _report import MIN_ROUNDS, fmt_spread, postgres_line
 
 KIND = "noop"
 DAG = bench_dag(KIND)
@@ -274,7 +277,7 @@ def one_round(pg: Any, tmp: Path, r: int, args: argparse.Namespace) -> dict[str,
     return out
 
 
-def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
+def report(rounds: list[dict[str, Any]], args: argparse.Namespace, settings: str) -> None:
     """One table: a column per round, then the median of the rounds. In the ratio rows a
     round's column is that round's ratio, and the last column the ratio of the medians."""
     Get = Callable[[dict[str, Any]], float]
@@ -317,11 +320,13 @@ def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
     ]
     table: list[list[str]] = []
     for name, get, unit in measures:
-        digits = 1 if unit == "ms" else 0
-        table.append([name, unit, *[f"{get(o):,.{digits}f}" for o in rounds], f"{med(get):,.{digits}f}"])
+        fmt = "{:,.1f}" if unit == "ms" else "{:,.0f}"
+        table.append([name, unit, *[fmt.format(get(o)) for o in rounds], fmt_spread([get(o) for o in rounds], fmt)])
     for name, top, bottom in ratios:
-        table.append([name, "", *[f"{top(o) / bottom(o):.2f}" for o in rounds], f"{med(top) / med(bottom):.2f}"])
-    header = ["measure", "unit", *[f"round {i + 1}" for i in range(len(rounds))], "median"]
+        each = [top(o) / bottom(o) for o in rounds]
+        table.append([name, "", *[f"{x:.2f}" for x in each],
+                      f"{med(top) / med(bottom):.2f} (min {min(each):.2f}, max {max(each):.2f})"])
+    header = ["measure", "unit", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"]
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     print(f"\njobs={args.jobs} runs={args.runs} workers={args.workers} slots={args.slots} batch={args.batch} "
           f"rounds={len(rounds)} cores={os.cpu_count()} load(1,5,15)={tuple(round(x, 2) for x in os.getloadavg())}")
@@ -330,7 +335,9 @@ def report(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for row in table:
         cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), *(c.rjust(w) for c, w in zip(row[2:], widths[2:]))]
         print("| " + " | ".join(cells) + " |")
-    print("(ratio rows: a round's column is that round's ratio; the median column is the ratio of the medians)")
+    print("(ratio rows: a round's column is that round's ratio; the last column is the ratio of the medians, "
+          "with the min and max of the rounds' ratios)")
+    print(settings)
 
 
 def main() -> None:
@@ -340,19 +347,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--batch", type=int, default=100, help="jobs per EnqueueMany call")
-    ap.add_argument("--rounds", type=int, default=3, help="each figure is the median of this many rounds")
+    ap.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="each figure is the median of this many rounds")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if args.rounds < MIN_ROUNDS:
+        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
 
     with tempfile.TemporaryDirectory(prefix="cyclone-bench-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")  # durable: the default
         try:
-            note("postgres ready")
+            settings = postgres_line(pg.url("postgres"))
+            note(settings)
             rounds = [one_round(pg, Path(tmp), r, args) for r in range(args.rounds)]
         finally:
             pg.stop()
-    report(rounds, args)
+    report(rounds, args, settings)
 
 
 if __name__ == "__main__":
