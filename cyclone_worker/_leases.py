@@ -133,8 +133,9 @@ class LeaseTable:
         self._executor: Executor | None = None
         self._pool: Any = None
         self.max_payload_bytes = DEFAULT_MAX_PAYLOAD_BYTES  # the server's, from its Welcome
-        # Whether each handler is a coroutine function, looked up once per handler, not per lease.
-        self._is_async: dict[Callable[[Context], Any], bool] = {}
+        # Whether each kind's handler is a coroutine function, looked up once per kind, not per
+        # lease (by kind: a handler may be a callable object that cannot be hashed).
+        self._is_async: dict[str, bool] = {}
 
     def open(self, loop: asyncio.AbstractEventLoop, executor: Executor, pool: Any) -> None:
         self._loop, self._executor, self._pool = loop, executor, pool
@@ -209,9 +210,9 @@ class LeaseTable:
         try:
             if fn is None:
                 raise LookupError(f"worker {self.worker_id} has no handler for kind {h.lease.kind!r}")
-            is_async = self._is_async.get(fn)
+            is_async = self._is_async.get(h.lease.kind)
             if is_async is None:
-                is_async = self._is_async[fn] = inspect.iscoroutinefunction(fn)
+                is_async = self._is_async[h.lease.kind] = inspect.iscoroutinefunction(fn)
             if is_async:
                 out = await fn(h.ctx)
             else:

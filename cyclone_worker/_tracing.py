@@ -25,6 +25,7 @@ log = logging.getLogger("cyclone_worker")
 _TRACER = "cyclone_worker"
 _api: Any = None  # the loaded OpenTelemetry API (a namespace), False when it is not installed
 _installed: Any = None  # the tracer provider install_provider set up, if any
+_provider_failed = False  # OpenTelemetry could not load the configured tracer provider (spans_wanted)
 
 
 def _otel() -> Any:
@@ -155,10 +156,18 @@ def spans_wanted() -> bool | None:
     (only for a lease that carries a trace context, to pass it on). Asked once per Leases
     message, not per lease: with no provider set, OpenTelemetry looks the environment up on
     every call. A provider set meanwhile counts from the next message."""
+    global _provider_failed
     api = _otel()
-    if api is None:
+    if api is None or _provider_failed:
         return None
-    return not isinstance(api.trace.get_tracer_provider(), api.trace.ProxyTracerProvider)
+    try:
+        provider = api.trace.get_tracer_provider()
+    except Exception as e:  # noqa: BLE001 - e.g. OTEL_PYTHON_TRACER_PROVIDER names no entry point
+        # Said once; the handlers run without spans rather than the stream failing.
+        _provider_failed = True
+        log.warning("cyclone: the OpenTelemetry tracer provider cannot be loaded (%s); handlers run without spans", e)
+        return None
+    return not isinstance(provider, api.trace.ProxyTracerProvider)
 
 
 async def traced(h: Held, execute: Callable[[Held], Awaitable[None]]) -> None:

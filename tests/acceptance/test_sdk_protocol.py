@@ -9,13 +9,14 @@ Hello, stop the handlers of Welcome.lost, give up on INVALID_ARGUMENT.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from cyclone_worker import Context, CycloneClientError, Reconnect, Worker
 from cyclone_proto import workers_pb2 as pb
@@ -127,6 +128,87 @@ async def test_held_leases_are_resent_in_hello_and_lost_ones_stop_their_handlers
     assert first.sdk == f"python/{importlib.metadata.version('cyclone-workflows')}"  # the installed SDK's version
     assert second.worker_id == worker.worker_id and list(second.held) == [ref]
     assert worker.counts["stopped_lost"] == 1
+
+
+async def test_handlers_of_every_shape_answer_their_leases(scripted: Any) -> None:
+    """An async function, a plain function (run in a thread) and a callable object that cannot
+    be hashed (a dataclass with __call__), each registered as a handler: each lease is answered
+    with its handler's output, and a second lease of each kind is too (the worker remembers per
+    kind how to call a handler)."""
+    leases = [pb.Lease(run_id=f"r{i}", step_id=f"s{kind}{i}", node=kind, kind=kind, attempt=1, max_attempts=3,
+                       lease_generation=1) for i in range(2) for kind in ("coro", "plain", "object")]
+    answered = asyncio.get_running_loop().create_future()
+
+    async def script(n: int, hello: pb.Hello, context: grpc.aio.ServicerContext) -> None:
+        await context.write(welcome())
+        await context.write(pb.ServerMessage(leases=pb.Leases(leases=leases)))
+        results: dict[str, Any] = {}
+        while len(results) < len(leases):
+            for r in (await read_until(context, "results")).results:
+                results[r.step_id] = r
+        await context.write(pb.ServerMessage(acks=pb.ResultAcks(acks=[
+            pb.ResultAck(step_id=r.step_id, lease_generation=r.lease_generation, status=pb.ACK_STATUS_APPLIED)
+            for r in results.values()])))  # (so that the worker's stop waits for nothing)
+        answered.set_result(results)
+        await asyncio.sleep(3600)
+
+    @dataclasses.dataclass
+    class Doubler:  # __eq__ without __hash__: unhashable
+        factor: int
+
+        def __call__(self, ctx: Context) -> int:
+            return self.factor * 21
+
+    async def coro(ctx: Context) -> str:
+        return f"coro {ctx.run_id}"
+
+    address, _ = await scripted(script)
+    worker = Worker(address, slots=8, reconnect=Reconnect(initial=0.05, maximum=0.2))
+    worker.register("coro", coro)
+    worker.register("plain", lambda ctx: f"plain {ctx.run_id}")
+    worker.register("object", Doubler(2))
+    async with worker:
+        results = await asyncio.wait_for(answered, DEADLINE)
+    outputs = {step_id: (r.WhichOneof("outcome"), r.completed.output) for step_id, r in results.items()}
+    for i in range(2):
+        assert outputs[f"scoro{i}"] == ("completed", struct_pb2.Value(string_value=f"coro r{i}"))
+        assert outputs[f"splain{i}"] == ("completed", struct_pb2.Value(string_value=f"plain r{i}"))
+        assert outputs[f"sobject{i}"] == ("completed", struct_pb2.Value(number_value=42))
+
+
+async def test_a_tracer_provider_that_cannot_load_leaves_the_handlers_running_without_spans(
+        scripted: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_PYTHON_TRACER_PROVIDER naming no entry point makes OpenTelemetry raise on every
+    lookup of the provider: the worker says so once and runs its handlers without spans, on the
+    same stream."""
+    pytest.importorskip("opentelemetry")
+    from cyclone_worker import _tracing
+
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
+    monkeypatch.setattr(_tracing, "_provider_failed", False, raising=False)  # (restored after the test)
+    leases = [pb.Lease(run_id="r1", step_id=f"s{i}", node="a", kind="a", attempt=1, max_attempts=3,
+                       lease_generation=1) for i in range(2)]
+    answered = asyncio.get_running_loop().create_future()
+
+    async def script(n: int, hello: pb.Hello, context: grpc.aio.ServicerContext) -> None:
+        await context.write(welcome())
+        results: list[Any] = []
+        for lease in leases:  # two Leases messages: the provider is looked up for each
+            await context.write(pb.ServerMessage(leases=pb.Leases(leases=[lease])))
+            results += (await read_until(context, "results")).results
+        await context.write(pb.ServerMessage(acks=pb.ResultAcks(acks=[
+            pb.ResultAck(step_id=r.step_id, lease_generation=1, status=pb.ACK_STATUS_APPLIED) for r in results])))
+        answered.set_result(results)
+        await asyncio.sleep(3600)
+
+    address, servicer = await scripted(script)
+    worker = Worker(address, reconnect=Reconnect(initial=0.05, maximum=0.2))
+    worker.register("a", lambda ctx: "done")
+    async with worker:
+        results = await asyncio.wait_for(answered, DEADLINE)
+    assert [(r.step_id, r.WhichOneof("outcome"), r.completed.output.string_value) for r in results] == [
+        ("s0", "completed", "done"), ("s1", "completed", "done")]
+    assert len(servicer.hellos) == 1 and worker.counts["disconnects"] == 0
 
 
 async def test_invalid_argument_ends_run_with_the_error_instead_of_reconnecting(scripted: Any) -> None:
