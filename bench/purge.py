@@ -283,7 +283,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=RETENTION_BATCH, help="purge limit per call (as Background)")
     p.add_argument("--pass-batches", type=int, default=RETENTION_MAX_BATCHES, help="batches per pass (as Background)")
     p.add_argument("--baseline", type=float, default=30.0, metavar="SECONDS")
-    p.add_argument("--database-url", help="a server whose database `postgres` the rounds' databases are made from "
+    p.add_argument("--database-url", help="a database on the server to measure, whose role may create databases: "
+                                          "each round makes and drops one of its own there "
                                           "(default: embedded Postgres in a temp dir)")
     p.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="each round on a fresh database")
     args = p.parse_args()
@@ -297,12 +298,15 @@ def main() -> None:
         settings = postgres_line(admin_url)
         out = []
         for r in range(args.rounds):
-            url = create_database(admin_url, f"cyclone_bench_purge_{r}")
-            prepare(url, args.runs, args.queue)
-            out.append(asyncio.run(measure(url, args.runs, args.claimers, args.batch, args.pass_batches,
-                                           args.baseline)))
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(f"cyclone_bench_purge_{r}")))
+            name = f"cyclone_bench_purge_{r}"
+            url = create_database(admin_url, name)
+            try:
+                prepare(url, args.runs, args.queue)
+                out.append(asyncio.run(measure(url, args.runs, args.claimers, args.batch, args.pass_batches,
+                                               args.baseline)))
+            finally:  # a round that fails leaves no million runs on the server
+                with psycopg.connect(admin_url, autocommit=True) as conn:
+                    conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
         return settings, out
 
     if args.database_url:

@@ -352,7 +352,8 @@ async def test_the_hot_functions_never_jit_compile(engine: Engine, conn) -> None
     # And every function that turns seqscans off: a seqscan it cannot avoid is costed at
     # 10^10 on Postgres 15 to 17, past every JIT threshold, whatever the tables hold.
     unguarded = await fetch(conn, "SELECT proname, proconfig FROM pg_proc WHERE proname LIKE 'cyclone%%' "
-                                  "AND 'enable_seqscan=off' = ANY (proconfig) AND NOT 'jit=off' = ANY (proconfig)")
+                                  "AND proconfig && ARRAY['enable_seqscan=off', 'enable_seqscan=false', 'enable_seqscan=0'] "
+                                  "AND NOT proconfig && ARRAY['jit=off', 'jit=false', 'jit=0']")
     assert unguarded == [], unguarded
     if not (await fetch_one(conn, "SELECT pg_jit_available() AS on"))["on"]:
         return
