@@ -3,8 +3,9 @@ and each figure as the median of its rounds with their min and max."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import psycopg
 
@@ -13,6 +14,14 @@ SETTINGS = ("shared_buffers", "jit", "work_mem", "max_wal_size", "synchronous_co
             "full_page_writes", "autovacuum", "checkpoint_timeout", "effective_cache_size",
             "shared_preload_libraries")
 MIN_ROUNDS = 5  # fewer is no measurement on this machine (docs/benchmarks.md, "The rules")
+
+
+def check_rounds(ap: argparse.ArgumentParser, rounds: int, say: Callable[[str], None] = print) -> None:
+    """--rounds at least 1 (else the parser's error); under MIN_ROUNDS, `say` that it is a probe."""
+    if rounds < 1:
+        ap.error("--rounds must be at least 1")
+    if rounds < MIN_ROUNDS:
+        say(f"{rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
 
 
 def postgres_line(url: str) -> str:

@@ -39,7 +39,7 @@ import psycopg
 from _common import note
 from _contestants import drain_cyclone
 from _pg import start_postgres
-from _report import MIN_ROUNDS, postgres_line, print_rounds
+from _report import MIN_ROUNDS, check_rounds, postgres_line, print_rounds
 
 WRAPPER = (str(Path(__file__).resolve().parent / "_cycle_server.py"),)
 
@@ -121,10 +121,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
-    if args.rounds < MIN_ROUNDS:
-        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    check_rounds(ap, args.rounds, note)
     rounds: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="cyclone-cycle-") as tmp:
         workdir = Path(tmp)

@@ -30,7 +30,7 @@ from cyclone_server.store.migrate import migrate
 
 from _common import note  # bench/ is sys.path[0] when run as a script
 from _pg import create_db
-from _report import MIN_ROUNDS, postgres_line, print_rounds
+from _report import MIN_ROUNDS, check_rounds, postgres_line, print_rounds
 
 BATCH = 64
 
@@ -79,10 +79,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
-    if args.rounds < MIN_ROUNDS:
-        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    check_rounds(ap, args.rounds, note)
     rounds = []
     with tempfile.TemporaryDirectory(prefix="cyclone-engine-cpu-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")

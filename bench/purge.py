@@ -45,7 +45,7 @@ from cyclone_server.store.engine import Engine  # noqa: E402
 from cyclone_server.store.migrate import migrate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import MIN_ROUNDS, postgres_line, print_rounds  # noqa: E402
+from _report import MIN_ROUNDS, check_rounds, postgres_line, print_rounds  # noqa: E402
 
 LIVE_KIND = "live"
 CLAIM_APP = "cyclone-bench-claims"  # application_name of the claim connections
@@ -288,10 +288,7 @@ def main() -> None:
                                           "(default: embedded Postgres in a temp dir)")
     p.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="each round on a fresh database")
     args = p.parse_args()
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
-    if args.rounds < MIN_ROUNDS:
-        print(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure", flush=True)
+    check_rounds(p, args.rounds, lambda text: print(text, flush=True))
     started = time.perf_counter()
 
     def rounds_on(admin_url: str) -> tuple[str, list[dict[str, float]]]:

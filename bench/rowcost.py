@@ -43,7 +43,7 @@ from cyclone_server.store.migrate import migrate  # noqa: E402
 
 from _common import note  # noqa: E402
 from _pg import MARK, create_db  # noqa: E402
-from _report import MIN_ROUNDS, fmt_spread, postgres_line  # noqa: E402
+from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line  # noqa: E402
 
 KIND = "rowcost"
 BATCH = 64
@@ -169,10 +169,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS)
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
-    if args.rounds < MIN_ROUNDS:
-        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    check_rounds(ap, args.rounds, note)
     with tempfile.TemporaryDirectory(prefix="cyclone-rowcost-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")
         try:

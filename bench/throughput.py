@@ -59,7 +59,7 @@ from cyclone_worker import Client, Context, Job, Worker
 from _common import DAG_NODES, bench_dag, note, start_server  # bench/ is sys.path[0] when run as a script
 from _grpc_floor import grpc_floor
 from _pg import CpuSampler, postgres_pids
-from _report import MIN_ROUNDS, fmt_spread, postgres_line
+from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line
 
 KIND = "noop"
 DAG = bench_dag(KIND)
@@ -349,10 +349,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100, help="jobs per EnqueueMany call")
     ap.add_argument("--rounds", type=int, default=MIN_ROUNDS, help="each figure is the median of this many rounds")
     args = ap.parse_args()
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
-    if args.rounds < MIN_ROUNDS:
-        note(f"{args.rounds} rounds: fewer than {MIN_ROUNDS} is a probe, not a figure")
+    check_rounds(ap, args.rounds, note)
 
     with tempfile.TemporaryDirectory(prefix="cyclone-bench-") as tmp:
         pg = start_embedded(Path(tmp) / "pg")  # durable: the default
