@@ -162,13 +162,14 @@ def drain_all(pg: EmbeddedPostgres, db: str, total_done: int, jobs: int, timeout
     return stage.run(name, jobs, done, timeout)
 
 
-def drain_twice(pg: EmbeddedPostgres, size: int, timeout: float, workdir: Path) -> list[Drain]:
+def drain_twice(pg: EmbeddedPostgres, size: int, timeout: float, workdir: Path, r: int = 0) -> list[Drain]:
     """--backlog-twice: `size` committed jobs drained to the end, then `size` more loaded into
     the same database and drained to the end. The first load is vacuumed and analyzed, as
     for every drain here; the second is not (only a checkpoint): what the first drain left
     behind is in the tables, and autovacuum (migration 0004's thresholds) does what it does.
-    Reports each drain's rate, and the steps and runs tables before and after each."""
-    db = "peers_backlog_twice"
+    Reports each drain's rate, and the steps and runs tables before and after each; `r`: the
+    round, which names the database."""
+    db = f"peers_backlog_twice_{r}"
     url = create_db(pg, db)
     migrate(url)
     tables = ["cyclone_steps", "cyclone_runs"]
@@ -194,11 +195,11 @@ def drain_twice(pg: EmbeddedPostgres, size: int, timeout: float, workdir: Path) 
     return results
 
 
-def report_twice(results: list[Drain]) -> None:
-    print(f"\nbacklog drained twice, Cyclone 2 workers x 64 slots, "
+def report_twice(rounds: list[list[Drain]]) -> None:
+    print(f"\nbacklog drained twice, Cyclone 2 workers x 64 slots, {len(rounds)} rounds, "
           f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} load(1,5,15)={os.getloadavg()}")
     rows = []
-    for d in results:
+    for d in (d for results in rounds for d in results):
         for t in ("cyclone_steps", "cyclone_runs"):
             b, a = d.extra["before"][t], d.extra["after"][t]
             rows.append([f"drain {d.extra['phase']}: {d.jobs:,} jobs", fmt_int(d.rate) if t == "cyclone_steps" else "",
@@ -210,8 +211,10 @@ def report_twice(results: list[Drain]) -> None:
                          fmt_int(d.per_job(d.server_cpu) * 1e6) if t == "cyclone_steps" else ""])
     print_rows(["drain", "jobs/s", "table", "live tuples", "dead tuples", "table MB", "indexes MB",
                 "autovacuums", "PG CPU us/job", "server CPU us/job"], rows)
-    if len(results) == 2:
-        print(f"\nratio second / first drain: {results[1].rate / results[0].rate:.2f}")
+    first, second = [r[0].rate for r in rounds], [r[1].rate for r in rounds]
+    print(f"\nfirst drain {fmt_spread(first)} jobs/s, second {fmt_spread(second)}; ratio second / first "
+          f"(medians) {statistics.median(second) / statistics.median(first):.2f}, "
+          f"each round's {fmt_spread([b / a for a, b in zip(first, second)], '{:.2f}')}")
 
 
 def report_backlog(results: list[Drain], args) -> None:

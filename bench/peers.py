@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 5] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2,dag2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
-    .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000]
+    .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000] [--backlog-rounds 5]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
 
 One embedded Postgres 18 with durable commits (fsync, synchronous_commit and full_page_writes
@@ -48,8 +48,9 @@ results batch, dead tuples, HOT updates, autovacuum runs and table/index sizes.
 
 --backlog-twice: Cyclone (2 workers) only. --backlog-size jobs loaded (vacuumed and
 analyzed) and drained to the end; then as many again loaded into the same database, with
-no vacuum but autovacuum's own, and drained to the end. Both rates, and the live and dead
-tuples and sizes of the steps and runs tables before and after each drain.
+no vacuum but autovacuum's own, and drained to the end; --backlog-rounds times, each on a
+fresh database. Both rates and their ratio, per round and as medians with min and max, and the
+live and dead tuples and sizes of the steps and runs tables before and after each drain.
 
 --profile DIR: one Cyclone drain (2 workers) with pg_stat_statements.track = all (nested
 statements inside the PL/pgSQL functions too), py-spy recording the server and the first
@@ -81,7 +82,7 @@ from _contestants import drain_cyclone, drain_pgq, drain_raw
 from _drain import Drain, fmt_int, print_rows, print_statements
 from _pg import start_postgres
 from _profile import profile
-from _report import MIN_ROUNDS, fmt_spread, postgres_line
+from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line
 
 CONTESTANTS = {
     "raw1": "raw SQL, claim 1 + complete 1 per transaction, 4 connections",
@@ -166,7 +167,9 @@ def main() -> None:
                 profile(pg, args, workdir)
                 return
             if args.backlog_twice:
-                report_twice(drain_twice(pg, args.backlog_size, args.timeout, workdir))
+                check_rounds(ap, args.backlog_rounds, note)
+                report_twice([drain_twice(pg, args.backlog_size, args.timeout, workdir, r)
+                              for r in range(args.backlog_rounds)])
                 print(settings)
                 return
             if args.backlog:
