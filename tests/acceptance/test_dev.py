@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -12,9 +13,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
-from cyclone_worker import Client
+from cyclone_worker import Client, CycloneClientError
 
 ENTRY = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"
 DEADLINE = 90.0
@@ -90,6 +92,28 @@ async def stats_ok(address: str) -> bool:
     async with Client(address, wait_for_server=10) as client:
         await client.stats()
     return True
+
+
+async def test_the_demo_worker_of_a_dev_runs_the_demo_workflow(tmp_path: Path, devs: list[Dev]) -> None:
+    """What the README's first command promises: the server and a demo worker that serves the
+    workflow "demo", so that a run of it, submitted as the banner says, completes."""
+    dev = Dev(tmp_path / "pg", free_port(), tmp_path / "dev.log")
+    devs.append(dev)
+    dev.started()
+    async with Client(dev.address, wait_for_server=10) as client:
+        deadline = time.monotonic() + DEADLINE
+        while True:  # the worker registers "demo" once it is up
+            try:
+                run_id = await client.submit("demo", {"city": "Lisbon", "days": 7})
+                break
+            except CycloneClientError as e:
+                assert e.code == grpc.StatusCode.NOT_FOUND and time.monotonic() < deadline, (e, dev.text())
+                assert alive(dev.worker_pid), f"the demo worker exited:\n{dev.text()}"
+                await asyncio.sleep(0.2)
+        run = await client.wait(run_id, timeout=DEADLINE)
+    assert run.state == "completed", (run, dev.text())
+    assert {s.node: s.state for s in run.steps} == dict.fromkeys(("fetch", "parse", "enrich", "report"), "completed")
+    assert alive(dev.worker_pid)
 
 
 async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_first_alone(
