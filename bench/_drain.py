@@ -17,6 +17,7 @@ import psycopg
 from cyclone_server.store.embedded import EmbeddedPostgres
 
 from _pg import CpuSampler, db_counters, postgres_pids, statements, statements_delta
+from _report import print_rows  # (imported from here by the scripts too)
 
 KIND = "noop"
 POLL = 0.02  # seconds between "is everything done?" checks
@@ -197,15 +198,6 @@ def poll_until(url: str, query: str, finished: Callable[[object], bool], deadlin
 
 def fmt_int(x: float) -> str:
     return f"{x:,.0f}"
-
-
-def print_rows(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
-    print("| " + " | ".join("-" * w for w in widths) + " |")
-    for r in rows:
-        print("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-              + " |")
 
 
 def print_statements(d: Drain, limit: int = 12) -> None:

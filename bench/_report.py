@@ -51,11 +51,23 @@ def fmt_spread(values: Sequence[float], fmt: str = "{:,.0f}") -> str:
 def print_rounds(figures: Sequence[tuple[str, str, str]], rounds: Sequence[dict[str, float]]) -> None:
     """A table of `figures` ((key, name, format) each): a column per round, then the median of
     the rounds with their min and max."""
-    header = ["figure", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"]
-    rows = [[name, *[fmt.format(r[key]) for r in rounds], fmt_spread([r[key] for r in rounds], fmt)]
-            for key, name, fmt in figures]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    print_rows(["figure", *[f"round {i + 1}" for i in range(len(rounds))], "median (min, max)"],
+               [[name, *[fmt.format(r[key]) for r in rounds], fmt_spread([r[key] for r in rounds], fmt)]
+                for key, name, fmt in figures])
+
+
+def print_rows(header: list[str], rows: list[list[str]]) -> None:
+    """A Markdown table: the first column to the left, the others to the right."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     print("| " + " | ".join("-" * w for w in widths) + " |")
-    for row in rows:
-        print("| " + " | ".join([row[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(row[1:], widths[1:]))]) + " |")
+    for r in rows:
+        print("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+              + " |")
+
+
+def percentile_ms(values: Sequence[float], q: float) -> float:
+    """The q-quantile of `values` (seconds, sorted), in milliseconds; the median for q = 0.5."""
+    if q == 0.5:
+        return statistics.median(values) * 1000
+    return values[min(len(values) - 1, int(len(values) * q))] * 1000

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import statistics
 import sys
 import tempfile
 import time
@@ -40,7 +39,7 @@ from cyclone_server.store.migrate import migrate  # noqa: E402
 from cyclone_worker import Client, Context, Worker  # noqa: E402
 
 from _common import note, start_server  # noqa: E402
-from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line  # noqa: E402
+from _report import MIN_ROUNDS, check_rounds, fmt_spread, percentile_ms, postgres_line  # noqa: E402
 
 KIND = "latency"
 
@@ -115,13 +114,6 @@ def one_round(pg: Any, workdir: Path, r: int, jobs: int) -> dict[str, list[float
             c.execute(f"DROP DATABASE latency_{r} WITH (FORCE)")
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th quantile of `values` (sorted), in ms; the median for q = 0.5."""
-    if q == 0.5:
-        return statistics.median(values) * 1000
-    return values[min(len(values) - 1, int(len(values) * q))] * 1000
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=200)
@@ -143,7 +135,7 @@ def main() -> None:
     for name in rounds[0]:
         for parts in rounds:
             parts[name].sort()
-        cells = [f"p{int(q * 100)} " + fmt_spread([percentile(parts[name], q) for parts in rounds], "{:.2f}")
+        cells = [f"p{int(q * 100)} " + fmt_spread([percentile_ms(parts[name], q) for parts in rounds], "{:.2f}")
                  for q in (0.5, 0.9, 0.99)]
         print(f"{name:24s} " + "   ".join(cells))
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from cyclone_server.store.engine import Engine  # noqa: E402
 from cyclone_server.store.migrate import migrate  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import MIN_ROUNDS, check_rounds, postgres_line, print_rounds  # noqa: E402
+from _report import MIN_ROUNDS, check_rounds, percentile_ms, postgres_line, print_rounds  # noqa: E402
 
 LIVE_KIND = "live"
 CLAIM_APP = "cyclone-bench-claims"  # application_name of the claim connections
@@ -147,7 +146,7 @@ def quantiles(values: list[float]) -> tuple[float, float, float]:
     v = sorted(values)
     if not v:
         return (float("nan"),) * 3
-    return statistics.median(v) * 1000, v[min(len(v) - 1, int(0.99 * len(v)))] * 1000, v[-1] * 1000
+    return percentile_ms(v, 0.5), percentile_ms(v, 0.99), v[-1] * 1000
 
 
 def prepare(url: str, runs: int, queue: int) -> None:
