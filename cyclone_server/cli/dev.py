@@ -124,9 +124,8 @@ async def _dev(url: str, data_dir: str, listen: str, worker: bool, http_listen: 
         if worker and importlib.util.find_spec("cyclone_worker.demo") is None:
             note, worker = "(cyclone_worker.demo is not installed: no demo worker runs)\n", False
         if worker:
-            from .devguard import die_with_parent
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cyclone_worker.demo", "--address", address,
-                                                        preexec_fn=die_with_parent)
+            proc = await devguard.start_dying_with_this_process(
+                [sys.executable, "-m", "cyclone_worker.demo", "--address", address])
             note = f"The demo worker (pid {proc.pid}) registers the workflow \"demo\" and serves its steps.\n"
         print(DEV_USAGE.format(address=address, data_dir=data_dir, worker=note), flush=True)
         if server.http_server is not None:

@@ -8,7 +8,7 @@
   stdin, a pipe from `cyclone dev`. The pipe closes when `cyclone dev` exits in any way,
   SIGKILL included; if the claim is still there then, `cyclone dev` did not stop its
   Postgres, and the guard does.
-- The demo worker dies with its parent (`die_with_parent`, Linux's PR_SET_PDEATHSIG).
+- The demo worker dies with its parent (`dying_with_this_process`, Linux's PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -19,7 +19,12 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class DataDirBusy(Exception):
@@ -92,11 +97,37 @@ def start_guard(data_dir: str | Path) -> subprocess.Popen[bytes]:
                             stdin=subprocess.PIPE, start_new_session=True)
 
 
-def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux; elsewhere a no-op)."""
+def dying_with_this_process(argv: Sequence[str]) -> list[str]:
+    """The command that runs `argv` so that it gets SIGTERM when this process dies (Linux's
+    PR_SET_PDEATHSIG; elsewhere `argv` runs as it is): a fresh Python that sets the signal,
+    which an exec keeps, then becomes `argv`, under the same pid (`_exec_dying_with`).
+
+    Not subprocess's `preexec_fn`: that runs Python in a child forked from this process, where
+    gRPC's and asyncio's threads may have held a lock (malloc's, the loader's, gRPC's) at the
+    fork. Forked so beside a busy grpc.aio server, about one child in ten crashed before its
+    exec (SIGSEGV, or SIGABRT after gRPC's "epoll_wait error: Bad file descriptor"):
+    `cyclone dev`'s demo worker did, at its start. Without `preexec_fn`, subprocess forks
+    without running Python in the child (tests/acceptance/test_dev.py)."""
+    return [sys.executable, "-m", "cyclone_server.cli.devguard", "--die-with", str(os.getpid()), "--", *argv]
+
+
+async def start_dying_with_this_process(argv: Sequence[str], **kwargs: Any) -> asyncio.subprocess.Process:
+    """`argv` started as a subprocess (asyncio.create_subprocess_exec's `kwargs`) that gets
+    SIGTERM when this process dies (`dying_with_this_process`)."""
+    import asyncio  # here: the commands this module runs as stay light
+    return await asyncio.create_subprocess_exec(*dying_with_this_process(argv), **kwargs)
+
+
+def _exec_dying_with(parent: int, argv: list[str]) -> NoReturn:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if libc.prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+        if os.getppid() != parent:  # it died before the signal was set, which then never comes
+            print(f"its parent (pid {parent}) exited: not starting {argv[0]}", file=sys.stderr)
+            sys.exit(1)
+    os.execv(argv[0], argv)
 
 
 def _guard(data_dir: str, parent: int) -> None:
@@ -114,4 +145,6 @@ def _guard(data_dir: str, parent: int) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--die-with":  # dying_with_this_process's command: --die-with PID -- ARGV...
+        _exec_dying_with(int(sys.argv[2]), sys.argv[4:])
     _guard(sys.argv[1], int(sys.argv[2]))
