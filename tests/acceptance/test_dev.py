@@ -116,12 +116,11 @@ async def test_the_demo_worker_of_a_dev_runs_the_demo_workflow(tmp_path: Path, d
     assert alive(dev.worker_pid)
 
 
-# The child's death signal, as prctl(PR_GET_PDEATHSIG) reads it after the exec.
+# The child's death signal, as prctl(PR_GET_PDEATHSIG) reads it after the exec (Linux, as /proc above).
 PDEATHSIG_CHILD = ("import ctypes; libc = ctypes.CDLL(None); sig = ctypes.c_int(); "
                    "libc.prctl(2, ctypes.byref(sig)); print(sig.value)")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 async def test_the_demo_worker_starts_whole_beside_a_busy_grpc_server() -> None:
     """`cyclone dev` starts its demo worker once its grpc.aio server is serving. Started with
     subprocess's preexec_fn (Python run in the child between fork and exec), about one child
