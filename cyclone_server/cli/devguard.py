@@ -127,6 +127,9 @@ def _exec_dying_with(parent: int, argv: list[str]) -> NoReturn:
         if os.getppid() != parent:  # it died before the signal was set, which then never comes
             print(f"its parent (pid {parent}) exited: not starting {argv[0]}", file=sys.stderr)
             sys.exit(1)
+    for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # ignored by Python's start, kept by an exec
+        if hasattr(signal, name):                  # (subprocess's restore_signals, by hand)
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     os.execv(argv[0], argv)
 
 

@@ -158,6 +158,19 @@ async def test_the_demo_worker_starts_whole_beside_a_busy_grpc_server() -> None:
         await server.stop(None)
 
 
+def test_the_demo_worker_starts_with_the_default_signal_dispositions() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ from its start, and an exec keeps what is ignored:
+    the fresh Python that sets the death signal puts them back before it execs the worker,
+    as subprocess does for the children it starts."""
+    from cyclone_server.cli.devguard import dying_with_this_process
+
+    status = subprocess.run(dying_with_this_process(["/bin/grep", "SigIgn", "/proc/self/status"]),
+                            capture_output=True, text=True, check=True, timeout=DEADLINE).stdout
+    ignored = int(status.split()[1], 16)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & 1 << (sig - 1), f"{sig.name} is ignored: {status}"
+
+
 async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_first_alone(
         tmp_path: Path, devs: list[Dev]) -> None:
     first = Dev(tmp_path / "pg", free_port(), tmp_path / "first.log")
