@@ -98,9 +98,10 @@ def start_guard(data_dir: str | Path) -> subprocess.Popen[bytes]:
 
 
 def dying_with_this_process(argv: Sequence[str]) -> list[str]:
-    """The command that runs `argv` so that it gets SIGTERM when this process dies (Linux's
-    PR_SET_PDEATHSIG; elsewhere `argv` runs as it is): a fresh Python that sets the signal,
-    which an exec keeps, then becomes `argv`, under the same pid (`_exec_dying_with`).
+    """The command that runs `argv` so that it gets SIGTERM when this process's calling thread
+    (the main thread, for `cyclone dev`) ends: on Linux, a fresh Python that sets that death
+    signal (PR_SET_PDEATHSIG, which an exec keeps unless into a set-user-ID program), then
+    becomes `argv` under the same pid (`_exec_dying_with`); elsewhere `argv` itself.
 
     Not subprocess's `preexec_fn`: that runs Python in a child forked from this process, where
     gRPC's and asyncio's threads may have held a lock (malloc's, the loader's, gRPC's) at the
@@ -108,6 +109,8 @@ def dying_with_this_process(argv: Sequence[str]) -> list[str]:
     exec (SIGSEGV, or SIGABRT after gRPC's "epoll_wait error: Bad file descriptor"):
     `cyclone dev`'s demo worker did, at its start. Without `preexec_fn`, subprocess forks
     without running Python in the child (tests/acceptance/test_dev.py)."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
     return [sys.executable, "-m", "cyclone_server.cli.devguard", "--die-with", str(os.getpid()), "--", *argv]
 
 
@@ -119,18 +122,18 @@ async def start_dying_with_this_process(argv: Sequence[str], **kwargs: Any) -> a
 
 
 def _exec_dying_with(parent: int, argv: list[str]) -> NoReturn:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
-            err = ctypes.get_errno()
-            raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
-        if os.getppid() != parent:  # it died before the signal was set, which then never comes
-            print(f"its parent (pid {parent}) exited: not starting {argv[0]}", file=sys.stderr)
-            sys.exit(1)
+    """Linux: set SIGTERM as this process's death signal, then become `argv` (searched on PATH)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGTERM) != 0:  # PR_SET_PDEATHSIG
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent:  # it died before the signal was set, which then never comes
+        print(f"its parent (pid {parent}) exited: not starting {argv[0]}", file=sys.stderr)
+        sys.exit(1)
     for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ"):  # ignored by Python's start, kept by an exec
         if hasattr(signal, name):                  # (subprocess's restore_signals, by hand)
             signal.signal(getattr(signal, name), signal.SIG_DFL)
-    os.execv(argv[0], argv)
+    os.execvp(argv[0], argv)
 
 
 def _guard(data_dir: str, parent: int) -> None:
@@ -149,5 +152,7 @@ def _guard(data_dir: str, parent: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--die-with":  # dying_with_this_process's command: --die-with PID -- ARGV...
+        if len(sys.argv) < 5 or sys.argv[3] != "--":
+            sys.exit("usage: python -m cyclone_server.cli.devguard --die-with PID -- PROGRAM [ARG...]")
         _exec_dying_with(int(sys.argv[2]), sys.argv[4:])
     _guard(sys.argv[1], int(sys.argv[2]))

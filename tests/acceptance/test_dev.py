@@ -116,9 +116,10 @@ async def test_the_demo_worker_of_a_dev_runs_the_demo_workflow(tmp_path: Path, d
     assert alive(dev.worker_pid)
 
 
-# The child's death signal, as prctl(PR_GET_PDEATHSIG) reads it after the exec (Linux, as /proc above).
-PDEATHSIG_CHILD = ("import ctypes; libc = ctypes.CDLL(None); sig = ctypes.c_int(); "
-                   "libc.prctl(2, ctypes.byref(sig)); print(sig.value)")
+# The child's pid and death signal, as prctl(PR_GET_PDEATHSIG) reads it after the exec (Linux,
+# as /proc above).
+PDEATHSIG_CHILD = ("import ctypes, os; libc = ctypes.CDLL(None); sig = ctypes.c_int(); "
+                   "libc.prctl(2, ctypes.byref(sig)); print(os.getpid(), sig.value)")
 
 
 async def test_the_demo_worker_starts_whole_beside_a_busy_grpc_server() -> None:
@@ -150,11 +151,14 @@ async def test_the_demo_worker_starts_whole_beside_a_busy_grpc_server() -> None:
                                                         stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.PIPE)
             out, err = await asyncio.wait_for(child.communicate(), DEADLINE)
-            assert (child.returncode, out.decode().strip(), err.decode()) == (0, str(int(signal.SIGTERM)), ""), \
-                f"start {i + 1}"
+            # The pid `cyclone dev` prints is the worker's: the exec keeps it.
+            assert (child.returncode, out.decode().split()) == (0, [str(child.pid), str(int(signal.SIGTERM))]), \
+                f"start {i + 1}: {err.decode()}"
     finally:
         busy = False
-        await asyncio.gather(*callers)
+        for caller in callers:
+            caller.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
         await server.stop(None)
 
 
@@ -169,6 +173,17 @@ def test_the_demo_worker_starts_with_the_default_signal_dispositions() -> None:
     ignored = int(status.split()[1], 16)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):
         assert not ignored & 1 << (sig - 1), f"{sig.name} is ignored: {status}"
+
+
+def test_a_worker_whose_dev_exited_before_it_started_does_not_start() -> None:
+    """A `cyclone dev` that exits between starting its demo worker and the worker setting its
+    death signal: the worker's parent is no longer that dev, so no signal would ever come,
+    and the worker does not start (here: pid 1 stands for the dev that is gone)."""
+    done = subprocess.run([sys.executable, "-m", "cyclone_server.cli.devguard", "--die-with", "1", "--",
+                           sys.executable, "-c", "print('started')"],
+                          capture_output=True, text=True, timeout=DEADLINE)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == f"its parent (pid 1) exited: not starting {sys.executable}\n"
 
 
 async def test_a_second_dev_on_the_same_data_dir_or_port_refuses_and_leaves_the_first_alone(
