@@ -47,7 +47,9 @@ def drain_raw(pg: EmbeddedPostgres, db: str, jobs: int, batch: int, timeout: flo
     return d
 
 
-def drain_pgq(pg: EmbeddedPostgres, db: str, jobs: int, timeout: float) -> Drain:
+def drain_pgq(pg: EmbeddedPostgres, db: str, jobs: int, timeout: float, driver: str = "asyncpg") -> Drain:
+    """PgQueuer draining `jobs` jobs it enqueued itself, set up as its benchmark tool sets it up
+    (pgq_consumer_main); `driver`: "asyncpg" (the tool's default) or "psycopg"."""
     from pgqueuer.db import PsycopgDriver
     from pgqueuer.queries import Queries
     url = create_db(pg, db)
@@ -63,15 +65,15 @@ def drain_pgq(pg: EmbeddedPostgres, db: str, jobs: int, timeout: float) -> Drain
     settle(url)
     ctx = mp.get_context("spawn")
     ready, go = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=pgq_consumer_main, args=(url, 5, 10, ready, go), daemon=True)
+    proc = ctx.Process(target=pgq_consumer_main, args=(url, 5, 10, driver, ready, go), daemon=True)
     # A finished job is deleted from pgqueuer (and logged in pgqueuer_log) in one statement.
     d = Stage(pg, db, [proc], ready, go).run(
-        "pgq", jobs, lambda dl: poll_until(url, f"SELECT {MARK} count(*) FROM pgqueuer", lambda v: v == 0, dl),
-        timeout)
+        "pgq" if driver == "asyncpg" else "pgqpsy", jobs,
+        lambda dl: poll_until(url, f"SELECT {MARK} count(*) FROM pgqueuer", lambda v: v == 0, dl), timeout)
     with psycopg.connect(url) as c:
         n = c.execute(f"SELECT {MARK} count(*) FROM pgqueuer_log WHERE status = 'successful'").fetchone()[0]
     if n != jobs:
-        raise SystemExit(f"pgq: {n} of {jobs} jobs logged successful")
+        raise SystemExit(f"{d.name}: {n} of {jobs} jobs logged successful")
     return d
 
 

@@ -66,18 +66,31 @@ async def hold(conns) -> None:
     await asyncio.Event().wait()
 
 
-def pgq_consumer_main(url: str, managers: int, batch: int, ready, go) -> None:
-    from pgqueuer.db import PsycopgDriver
+def pgq_consumer_main(url: str, managers: int, batch: int, driver: str, ready, go) -> None:
+    """PgQueuer's consumers as its own benchmark tool runs them (tools/benchmark.py, whose
+    defaults its docs/benchmark.md uses): `managers` queue managers of `batch` jobs, each on
+    a connection of its own, in drain mode, on uvloop; `driver` "asyncpg" (the tool's default
+    and, in those docs, 1.7 x psycopg's throughput) or "psycopg"."""
+    import uvloop
+    from pgqueuer.db import AsyncpgDriver, PsycopgDriver
     from pgqueuer.domain.types import QueueExecutionMode
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
 
+    async def connect():
+        if driver == "asyncpg":
+            import asyncpg
+            conn = await asyncpg.connect(dsn=url)
+            return conn, AsyncpgDriver(conn)
+        conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        return conn, PsycopgDriver(conn)
+
     async def main() -> None:
         qms, conns = [], []
         for _ in range(managers):
-            conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+            conn, db = await connect()
             conns.append(conn)
-            qm = QueueManager(Queries(PsycopgDriver(conn)))
+            qm = QueueManager(Queries(db))
 
             @qm.entrypoint(KIND)
             async def noop(job) -> None:
@@ -87,7 +100,7 @@ def pgq_consumer_main(url: str, managers: int, batch: int, ready, go) -> None:
         go.wait()
         await asyncio.gather(*(qm.run(batch_size=batch, mode=QueueExecutionMode.drain) for qm in qms))
         await hold(conns)
-    asyncio.run(main())
+    uvloop.run(main())
 
 
 def cyclone_worker_main(address: str, slots: int, ready, go) -> None:

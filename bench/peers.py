@@ -1,6 +1,6 @@
 """Drain against the peers: the same backlog drained by raw SQL, PgQueuer and Cyclone, one Postgres.
 
-    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 5] [--only raw1,raw10,pgq,cyc2,cyc1,cyc2p2,dag2]
+    .venv/bin/python bench/peers.py [--jobs 20000] [--rounds 5] [--only raw1,raw10,pgq,pgqpsy,cyc2,cyc1,cyc2p2,dag2]
     .venv/bin/python bench/peers.py --backlog [--backlog-size 1000000] [--backlog-small 10000] [--backlog-tuned]
     .venv/bin/python bench/peers.py --backlog-twice [--backlog-size 1000000] [--backlog-rounds 5]
     .venv/bin/python bench/peers.py --profile DIR      # Cyclone, 2 workers, with py-spy and nested statements
@@ -16,8 +16,10 @@ their last commit).
 - raw1 / raw10: plain SQL from one process with 4 connections: one transaction claims
   1 (10) jobs (FOR UPDATE SKIP LOCKED on a partial index of queued jobs, status -> running),
   a second completes them (status -> done);
-- pgq: PgQueuer 1.6 (its own schema, psycopg driver), 5 queue managers in one process,
-  batch size 10, drain mode, no-op entrypoint;
+- pgq: PgQueuer 1.6 (its own schema) set up as its own benchmark tool sets it up
+  (tools/benchmark.py's defaults, which its docs/benchmark.md runs): the asyncpg driver, 5
+  queue managers in one process on uvloop, batch size 10, drain mode, no-op entrypoint;
+- pgqpsy: as pgq, with the psycopg driver (in PgQueuer's docs 0.6 x asyncpg's throughput);
 - cyc2p2: as cyc2, with `cyclone-server --processes 2` (two server processes on one port);
 - cyc2 / cyc1: one `cyclone-server` and 2 (1) SDK worker processes x 64 slots; the jobs are
   enqueued with EnqueueMany before the workers start;
@@ -87,7 +89,8 @@ from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line
 CONTESTANTS = {
     "raw1": "raw SQL, claim 1 + complete 1 per transaction, 4 connections",
     "raw10": "raw SQL, claim 10 + complete 10 per transaction, 4 connections",
-    "pgq": "PgQueuer 1.6 (psycopg driver, 5 queue managers, batch 10)",
+    "pgq": "PgQueuer 1.6 (asyncpg driver, uvloop, 5 queue managers, batch 10)",
+    "pgqpsy": "PgQueuer 1.6 (psycopg driver, uvloop, 5 queue managers, batch 10)",
     "cyc2": "Cyclone, 2 SDK worker processes x 64 slots",
     "cyc1": "Cyclone, 1 SDK worker process x 64 slots",
     "cyc2p2": "Cyclone, 2 SDK worker processes x 64 slots, cyclone-server --processes 2",
@@ -122,7 +125,7 @@ def report_peers(results: dict[str, list[Drain]], args, settings: str) -> None:
     print_rows(header, rows)
     ratios = []
     for cyc in ("cyc2", "cyc1", "cyc2p2", "dag2"):
-        for peer in ("pgq", "raw10", "raw1", "cyc2"):
+        for peer in ("pgq", "pgqpsy", "raw10", "raw1", "cyc2"):
             if cyc in med and peer in med and cyc != peer:
                 rounds = [a.rate / b.rate for a, b in zip(results[cyc], results[peer])]
                 ratios.append(f"{cyc}/{peer} = {med[cyc] / med[peer]:.2f} "
@@ -193,8 +196,8 @@ def main() -> None:
                     note(f"round {r + 1}: {CONTESTANTS[key]}")
                     if key.startswith("raw"):
                         d = drain_raw(pg, db, args.jobs, int(key[3:]), args.timeout)
-                    elif key == "pgq":
-                        d = drain_pgq(pg, db, args.jobs, args.timeout)
+                    elif key.startswith("pgq"):
+                        d = drain_pgq(pg, db, args.jobs, args.timeout, "psycopg" if key == "pgqpsy" else "asyncpg")
                     else:
                         workers, _, processes = key[3:].partition("p")
                         d = drain_cyclone(pg, db, args.jobs, int(workers), args.timeout, workdir,
