@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from ._client import Client
 from ._context import Context
 from ._errors import CycloneClientError, Permanent
+from ._loop import run as run_on
 from ._worker import Worker
 from ._workflow import Workflow
 
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
-        asyncio.run(_main(args.address, args.slots, args.submit))
+        run_on(_main(args.address, args.slots, args.submit))
     except CycloneClientError as e:
         print(f"demo: {e}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from cyclone_server.serve.app import CycloneServer
 from cyclone_server.serve.settings import Settings
 
 from cyclone_server.store.embedded import database, start_embedded
+from cyclone_worker._loop import run as run_on
 
 from . import devguard
 
@@ -89,7 +90,7 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True, http_listen: str
         log.info("starting embedded Postgres in %s", data_dir)
         pg = start_embedded(data_dir)
         url = database(pg.url(), "cyclone")  # created on first use
-        return asyncio.run(_dev(url, data_dir, listen, worker, http_listen, metrics_listen))
+        return run_on(_dev(url, data_dir, listen, worker, http_listen, metrics_listen))
     except KeyboardInterrupt:
         return 0
     except (OSError, RuntimeError, CycloneError) as e:

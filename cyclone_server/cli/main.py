@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import logging
 import os
@@ -18,6 +17,7 @@ from cyclone_server.serve import settings as declared
 from cyclone_server.serve.app import CycloneServer
 from cyclone_server.serve.settings import Settings
 from cyclone_server.errors import CycloneError
+from cyclone_worker._loop import run as run_on
 
 DEFAULT_LISTEN = declared.DEFAULT_LISTEN
 DISTRIBUTION = "cyclone-workflows"  # the name on PyPI (`cyclone` there is an unrelated web server)
@@ -77,7 +77,7 @@ def run_server(settings: Settings, args: argparse.Namespace | None = None, argv:
                                  ready_file=settings.ready_file, metrics_listen=settings.metrics_listen,
                                  server_id=settings.server_id)
         collect_less()
-        asyncio.run(CycloneServer(settings).serve_forever())
+        run_on(CycloneServer(settings).serve_forever(), settings.event_loop)
     except KeyboardInterrupt:  # a second Ctrl-C cut the graceful stop short
         return 130
     except (OSError, RuntimeError, CycloneError) as e:

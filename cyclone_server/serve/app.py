@@ -37,6 +37,7 @@ from cyclone_server import tracing
 from .scheduler import Scheduler
 from cyclone_server.api.schedules import SchedulesServicer
 from cyclone_server.api.limits import LimitsServicer
+from cyclone_worker._loop import loop_name
 
 if TYPE_CHECKING:
     from cyclone_server.console import HttpServer
@@ -132,7 +133,7 @@ class CycloneServer:
             await self._serve_http(s.http_listen)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log.info("cyclone-server listening on %s", self.address)
+        log.info("cyclone-server listening on %s (event loop %s)", self.address, loop_name())
         if s.ready_file:
             write_ready_file(s.ready_file, self.address,
                              self.metrics_server.address if self.metrics_server is not None else None,

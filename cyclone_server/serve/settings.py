@@ -23,6 +23,7 @@ from cyclone_server import auth
 
 from cyclone_server.records import DEFAULT_MAX_PAYLOAD_BYTES
 from cyclone_server.listen import split_host_port
+from cyclone_worker._loop import EVENT_LOOPS, loop_factory
 
 DEFAULT_LISTEN = "127.0.0.1:7233"
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -138,6 +139,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("--processes", "CYCLONE_PROCESSES", "run N server processes sharing the port (SO_REUSEPORT), one "
             "per core to use; with --metrics-listen HOST:PORT, process i serves metrics on PORT+i",
             default=1, type=positive_int, metavar="N"),
+    Setting("--event-loop", "CYCLONE_EVENT_LOOP", "the event loop the server runs on: auto (uvloop when it is "
+            "installed, as it is with the distribution on Linux and macOS; asyncio's own otherwise), uvloop, or "
+            "asyncio", default="auto", metavar="LOOP", choices=EVENT_LOOPS),
     Setting("--metrics-listen", "CYCLONE_METRICS_LISTEN", "serve Prometheus metrics at http://HOST:PORT/metrics "
             "on a port of their own (the --http-listen port serves them too)", metavar="HOST:PORT", unset="off",
             group="metrics"),
@@ -191,6 +195,7 @@ class Settings:
     ready_file: str | None = None
     grace: float = BY_FLAG["--grace"].default
     max_payload_bytes: int = BY_FLAG["--max-payload-bytes"].default
+    event_loop: str = BY_FLAG["--event-loop"].default  # cyclone_worker._loop.EVENT_LOOPS
     # Share the port with other processes (SO_REUSEPORT): only for `--processes N`, whose
     # children bind one port together. Off otherwise, so that a stray process on the same
     # port cannot silently take half of the connections.
@@ -227,6 +232,10 @@ def from_args(args: argparse.Namespace) -> Settings:
         except ValueError as e:
             raise SettingsError(f"--metrics-listen: {e}") from None
     try:
+        loop_factory(args.event_loop)
+    except ValueError as e:
+        raise SettingsError(f"--event-loop: {e}") from None
+    try:
         interceptors, credentials = auth.server_security(args)
     except (auth.SecurityConfigError, OSError) as e:
         raise SettingsError(str(e)) from None
@@ -248,7 +257,7 @@ def from_args(args: argparse.Namespace) -> Settings:
         sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
-        max_payload_bytes=args.max_payload_bytes, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
+        max_payload_bytes=args.max_payload_bytes, event_loop=args.event_loop, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
         http_tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
         interceptors=interceptors, credentials=credentials, reuse_port=getattr(args, "reuse_port", False),
     )

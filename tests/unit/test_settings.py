@@ -48,7 +48,8 @@ def test_a_variable_sets_a_value_and_a_flag_wins_over_it() -> None:
 @pytest.mark.parametrize(("env", "flag"), [({"CYCLONE_LEASE_TTL": "-1"}, "--lease-ttl"),
                                            ({"CYCLONE_PROCESSES": "two"}, "--processes"),
                                            ({"CYCLONE_LISTEN": "nowhere"}, "--listen"),
-                                           ({"CYCLONE_LOG_LEVEL": "LOUD"}, "--log-level")])
+                                           ({"CYCLONE_LOG_LEVEL": "LOUD"}, "--log-level"),
+                                           ({"CYCLONE_EVENT_LOOP": "trio"}, "--event-loop")])
 def test_a_bad_variable_is_refused_naming_the_flag(env: dict[str, str], flag: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit:
