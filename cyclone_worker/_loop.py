@@ -1,21 +1,39 @@
 """Which event loop a long-running Cyclone process runs on: uvloop's where it is installed.
 
-The worker SDK's `Worker.run_sync` and the server (`--event-loop`) both run their asyncio code on
-uvloop when it is installed (a dependency of the distribution on Linux and macOS): the same
-coroutines, run by an event loop written in Cython on libuv. A drain of no-op jobs spends about a
-tenth less CPU per job in the server and in the workers with it (docs/benchmarks.md). "asyncio"
-keeps the standard library's loop, for a program that needs it or to rule the loop out.
+The worker SDK's `Worker.run_sync`, the demo worker, `cyclone dev` and the server
+(`--event-loop`) run their asyncio code on uvloop when it is installed (a dependency of the
+distribution on Linux and macOS): the same coroutines, run by an event loop written in Cython on
+libuv. A drain of no-op jobs costs the server and the workers about a tenth less CPU per job on it
+(docs/benchmarks.md). "asyncio" keeps the standard library's loop, for a program that needs it or
+to rule the loop out; the environment variable CYCLONE_EVENT_LOOP chooses when the code does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+ENV = "CYCLONE_EVENT_LOOP"
 
 T = TypeVar("T")
+
+# What a loop may have taken over (add_signal_handler): put back after it, if it still holds them.
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def from_env(choice: str | None = None) -> str:
+    """`choice`, or else CYCLONE_EVENT_LOOP, or else "auto"."""
+    if choice is not None:
+        return choice
+    value = os.environ.get(ENV, "").strip().lower()
+    if value and value not in EVENT_LOOPS:
+        raise ValueError(f"{ENV}={value!r} is not one of {', '.join(EVENT_LOOPS)}")
+    return value or "auto"
 
 
 def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -36,14 +54,28 @@ def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop
 
 
 def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
-    """`asyncio.run(main)` on the event loop `choice` names (see loop_factory)."""
+    """`asyncio.run(main)` on the event loop `choice` names (see loop_factory).
+
+    Signal handlers the loop set and did not take back are put back as they were: uvloop's loop
+    removes its handlers only while it runs, so SIGINT and SIGTERM would otherwise stay bound to
+    a closed loop, and the rest of the program (its exit included) would not hear them."""
     try:
         factory = loop_factory(choice)
     except ValueError:
         main.close()  # never awaited: no "coroutine was never awaited" warning on top of the error
         raise
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in _SIGNALS} if main_thread else {}
+    runner = asyncio.Runner(loop_factory=factory)
+    loop: asyncio.AbstractEventLoop | None = None
+    try:
+        with runner:
+            loop = runner.get_loop()
+            return runner.run(main)
+    finally:
+        for sig, handler in before.items():
+            if loop is not None and getattr(signal.getsignal(sig), "__self__", None) is loop:
+                signal.signal(sig, handler)
 
 
 def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:

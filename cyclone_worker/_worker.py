@@ -21,7 +21,7 @@ import grpc
 from ._channel import auth_metadata, open_channel
 from ._context import Context, set_event
 from ._leases import LeaseTable
-from ._loop import loop_name, run as run_on
+from ._loop import from_env, loop_name, run as run_on
 from cyclone_proto import workers_pb2, workers_pb2_grpc
 from ._session import Disconnected, Session, reconnectable
 from . import _tracing
@@ -175,12 +175,13 @@ class Worker:
             task, self._background = self._background, None
             await task
 
-    def run_sync(self, *, event_loop: str = "auto") -> None:
+    def run_sync(self, *, event_loop: str | None = None) -> None:
         """Run until SIGTERM or SIGINT, then stop gracefully (blocks; for scripts and `main`).
 
         `event_loop`: "auto" runs on uvloop when it is installed (the distribution's dependency
         on Linux and macOS; about a tenth less CPU per step than asyncio's loop), "uvloop" insists
-        on it (ValueError if it is not installed), "asyncio" keeps the standard library's loop.
+        on it (ValueError if it is not installed), "asyncio" keeps the standard library's loop;
+        None (the default) takes the environment variable CYCLONE_EVENT_LOOP, else "auto".
         `run()` runs on whatever loop awaits it.
 
         Example::
@@ -194,10 +195,11 @@ class Worker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 try:
                     loop.add_signal_handler(sig, self.stop)
-                except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
+                # Windows; not the main thread (asyncio's loop raises RuntimeError, uvloop's ValueError)
+                except (NotImplementedError, RuntimeError, ValueError):
                     pass
             await self.run()
-        run_on(main(), event_loop)
+        run_on(main(), from_env(event_loop))
 
     def stop(self) -> None:
         """Stop gracefully: take no new work, let running handlers finish (up to `grace`

@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from ._client import Client
 from ._context import Context
 from ._errors import CycloneClientError, Permanent
-from ._loop import run as run_on
+from ._loop import from_env, loop_factory, run as run_on
 from ._worker import Worker
 from ._workflow import Workflow
 
@@ -126,7 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
-        run_on(_main(args.address, args.slots, args.submit))
+        event_loop = from_env()
+        loop_factory(event_loop)
+    except ValueError as e:  # CYCLONE_EVENT_LOOP names no loop, or uvloop where it is missing
+        parser.error(str(e))
+    try:
+        run_on(_main(args.address, args.slots, args.submit), event_loop)
     except CycloneClientError as e:
         print(f"demo: {e}", file=sys.stderr)
         return 1

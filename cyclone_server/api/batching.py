@@ -29,6 +29,7 @@ from cyclone_server.records import ENQUEUE_MANY_MAX, Job, PreparedJob
 
 from cyclone_server.store.engine import Engine
 from cyclone_server.errors import CycloneError, Unavailable
+from cyclone_worker._loop import loop_name
 
 log = logging.getLogger("cyclone.batching")
 
@@ -42,6 +43,10 @@ GATHER_ENOUGH = 32  # calls waiting: written at once
 # Seconds; the writer waits on while each slice brings more calls. asyncio's loop rounds a
 # timer up to its next millisecond when nothing else wakes it, so a slice takes 0.5 to 1 ms.
 GATHER_SLICE = 0.0005
+# The same slice on uvloop, whose timers count whole milliseconds and drop the rest (0.5 ms
+# would end after one turn of the loop, and a batch with it): 1 ms there ends 0 to 1 ms
+# later, as libuv's clock is the loop turn's start; both take about 1.1 ms on an idle loop.
+GATHER_SLICE_UVLOOP = 0.001
 # Seconds: no slice starts after this, and the last one ends by it (give or take that rounding).
 GATHER_MAX = 0.002
 _sleep = asyncio.sleep  # the wait of one slice (a test paces it)
@@ -133,9 +138,10 @@ class EnqueueBatcher:
         if not GATHER_MIN <= seen < enough:
             return
         loop = asyncio.get_running_loop()
+        slice_ = GATHER_SLICE_UVLOOP if loop_name(loop) == "uvloop" else GATHER_SLICE
         deadline = loop.time() + GATHER_MAX
         while (left := deadline - loop.time()) > 0:
-            await _sleep(min(GATHER_SLICE, left))
+            await _sleep(min(slice_, left))
             now = len(self._waiting)
             if now <= seen or now >= enough:
                 return

@@ -15,7 +15,7 @@ from cyclone_server.serve.app import CycloneServer
 from cyclone_server.serve.settings import Settings
 
 from cyclone_server.store.embedded import database, start_embedded
-from cyclone_worker._loop import run as run_on
+from cyclone_worker._loop import from_env, loop_factory, run as run_on
 
 from . import devguard
 
@@ -66,6 +66,12 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True, http_listen: str
     and a guard process stops the Postgres if this one is killed.
     """
     log = logging.getLogger("cyclone.dev")
+    try:
+        event_loop = from_env()
+        loop_factory(event_loop)  # "uvloop" where it is missing: refused before anything starts
+    except ValueError as e:
+        print(f"cyclone dev: {e}", file=sys.stderr)
+        return 2
     for flag, address in (("--listen", listen), ("--http-listen", http_listen), ("--metrics-listen", metrics_listen)):
         if address:
             host, port = split_host_port(address, what=flag)
@@ -90,7 +96,7 @@ def run_dev(data_dir: str, listen: str, *, worker: bool = True, http_listen: str
         log.info("starting embedded Postgres in %s", data_dir)
         pg = start_embedded(data_dir)
         url = database(pg.url(), "cyclone")  # created on first use
-        return run_on(_dev(url, data_dir, listen, worker, http_listen, metrics_listen))
+        return run_on(_dev(url, data_dir, listen, worker, http_listen, metrics_listen), event_loop)
     except KeyboardInterrupt:
         return 0
     except (OSError, RuntimeError, CycloneError) as e:

@@ -212,6 +212,8 @@ class Settings:
     credentials: grpc.ServerCredentials | None = None
 
     def __post_init__(self) -> None:
+        if self.event_loop not in EVENT_LOOPS:
+            raise ValueError(f"event_loop {self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}")
         if not self.server_id:
             self.server_id = f"{socket.gethostname()}-{os.getpid()}"
 

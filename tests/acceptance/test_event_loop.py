@@ -55,14 +55,14 @@ async def test_server_and_worker_run_on_the_loop_chosen_and_steps_complete(
     assert server.terminate() == 0
 
 
-def test_a_server_told_to_use_an_unknown_loop_does_not_start(tmp_path: Path, db_url: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "cyclone_server", "--database-url", db_url, "--listen", "127.0.0.1:0",
+def test_a_server_told_to_use_an_unknown_loop_does_not_start() -> None:
+    out = subprocess.run([sys.executable, "-m", "cyclone_server", "--database-url", "postgresql:///x", "--listen", "127.0.0.1:0",
                           "--event-loop", "trio"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "argument --event-loop" in out.stderr and "'trio'" in out.stderr
 
 
-def test_a_worker_told_to_use_an_unknown_loop_says_so(tmp_path: Path) -> None:
+def test_a_worker_told_to_use_an_unknown_loop_says_so() -> None:
     out = subprocess.run([sys.executable, str(HERE / "loop_worker_proc.py"), "127.0.0.1:1", "k", "trio"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0

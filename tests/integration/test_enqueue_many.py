@@ -17,6 +17,7 @@ from cyclone_server.api.batching import EnqueueBatcher
 from cyclone_server.records import ENQUEUE_MANY_MAX, Job
 from cyclone_server.store.engine import Engine
 from cyclone_server.errors import AlreadyExists, InvalidArgument, Unavailable
+from cyclone_worker._loop import run as run_on
 
 pytestmark = pytest.mark.statemachine
 
@@ -472,3 +473,29 @@ async def test_callers_that_leave_while_a_batch_gathers_leave_no_job_and_the_wri
     inputs = sorted(r["input"] for r in await fetch(conn, "SELECT input FROM cyclone_runs"))
     assert created and inputs == ["first", "later"]
     await batcher.close()
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_a_gather_slice_is_one_the_loops_timers_can_wait(db_url: str, monkeypatch, choice: str) -> None:
+    """uvloop's timers count whole milliseconds and drop the rest: there a slice of
+    GATHER_SLICE (0.5 ms) would end after one turn of the loop, and the batch with it; the
+    batcher waits GATHER_SLICE_UVLOOP (1 ms) there, which lasts what 0.5 ms does on asyncio's."""
+    if choice == "uvloop":
+        pytest.importorskip("uvloop")
+    slices: list[float] = []
+
+    async def recorded(seconds: float) -> None:
+        slices.append(seconds)
+        await asyncio.sleep(seconds)
+    monkeypatch.setattr(batching, "_sleep", recorded)
+
+    async def go() -> None:
+        engine = await Engine.open(db_url, min_size=1, max_size=4)
+        try:
+            batcher, behind = await behind_a_held_batch(engine, batching.GATHER_MIN)
+            await asyncio.wait_for(asyncio.gather(*behind), 10)
+            await batcher.close()
+        finally:
+            await engine.close()
+    run_on(go(), choice)
+    assert slices and slices[0] == (batching.GATHER_SLICE_UVLOOP if choice == "uvloop" else batching.GATHER_SLICE)

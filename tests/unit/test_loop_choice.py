@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import signal
 import sys
-import warnings
+import threading
 
 import pytest
 
 from cyclone_server.serve import settings
-from cyclone_worker._loop import loop_factory, loop_name, run
+from cyclone_worker._loop import from_env, loop_factory, loop_name, run
 
 
 async def running_loop() -> str:
@@ -37,11 +38,61 @@ def test_without_uvloop_auto_falls_back_and_uvloop_is_refused(monkeypatch: pytes
         loop_factory("uvloop")
 
 
-def test_an_unknown_loop_is_refused_and_the_coroutine_is_not_left_unawaited() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "coroutine ... was never awaited" would be a RuntimeWarning
-        with pytest.raises(ValueError, match=r"event loop 'trio' is not one of auto, uvloop, asyncio"):
-            run(running_loop(), "trio")
+def test_an_unknown_loop_is_refused_and_the_coroutine_is_closed_not_left_unawaited() -> None:
+    coro = running_loop()
+    with pytest.raises(ValueError, match=r"event loop 'trio' is not one of auto, uvloop, asyncio"):
+        run(coro, "trio")
+    assert coro.cr_frame is None  # closed; an unawaited coroutine keeps its frame (and warns when collected)
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_the_signal_handlers_a_loop_took_are_put_back_after_it(choice: str) -> None:
+    if choice == "uvloop":
+        pytest.importorskip("uvloop")
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+    async def take_them() -> None:
+        loop = asyncio.get_running_loop()
+        for s in before:
+            loop.add_signal_handler(s, lambda: None)
+
+    run(take_them(), choice)
+    # uvloop's loop removes its handlers only while it runs: without run's clean-up SIGTERM and
+    # SIGINT would stay bound to the closed loop, and the rest of the program would not hear them.
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_environment_chooses_when_the_code_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CYCLONE_EVENT_LOOP", raising=False)
+    assert from_env() == "auto"
+    monkeypatch.setenv("CYCLONE_EVENT_LOOP", "Asyncio")
+    assert from_env() == "asyncio" and from_env("uvloop") == "uvloop"
+    monkeypatch.setenv("CYCLONE_EVENT_LOOP", "trio")
+    with pytest.raises(ValueError, match=r"CYCLONE_EVENT_LOOP='trio' is not one of auto, uvloop, asyncio"):
+        from_env()
+
+
+def test_run_sync_in_a_thread_that_is_not_the_main_one_runs_without_signal_handlers() -> None:
+    # Signal handlers can only be set from the main thread: asyncio's loop says so with a
+    # RuntimeError, uvloop's with a ValueError; run_sync goes on without them on either.
+    from cyclone_worker import Worker
+
+    errors: list[BaseException] = []
+    for choice in ("auto", "asyncio"):
+        worker = Worker("127.0.0.1:1", slots=1)
+        worker.handler("k")(running_loop)
+        worker.stop()  # stopped before it runs: run() returns at once
+
+        def go(w: Worker = worker, c: str = choice) -> None:
+            try:
+                w.run_sync(event_loop=c)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        t = threading.Thread(target=go)
+        t.start()
+        t.join(30)
+        assert not t.is_alive()
+    assert errors == []
 
 
 def test_the_server_setting_names_the_flag_when_uvloop_is_asked_for_and_missing(
