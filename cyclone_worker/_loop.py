@@ -56,9 +56,10 @@ def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop
 def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
     """`asyncio.run(main)` on the event loop `choice` names (see loop_factory).
 
-    Signal handlers the loop set and did not take back are put back as they were: uvloop's loop
-    removes its handlers only while it runs, so SIGINT and SIGTERM would otherwise stay bound to
-    a closed loop, and the rest of the program (its exit included) would not hear them."""
+    The signals a loop took (add_signal_handler) get back the handlers they had before: uvloop's
+    loop removes its handlers only while it runs, so SIGINT and SIGTERM would otherwise stay bound
+    to a closed loop, and the rest of the program (its exit included) would not hear them; asyncio's
+    sets the default disposition, not the handler it found."""
     try:
         factory = loop_factory(choice)
     except ValueError:
@@ -74,7 +75,9 @@ def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
             return runner.run(main)
     finally:
         for sig, handler in before.items():
-            if loop is not None and getattr(signal.getsignal(sig), "__self__", None) is loop:
+            now = signal.getsignal(sig)
+            taken = getattr(now, "__self__", None) is loop or now in (signal.SIG_DFL, signal.default_int_handler)
+            if loop is not None and taken and now is not handler:
                 signal.signal(sig, handler)
 
 

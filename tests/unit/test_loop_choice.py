@@ -49,17 +49,26 @@ def test_an_unknown_loop_is_refused_and_the_coroutine_is_closed_not_left_unawait
 def test_the_signal_handlers_a_loop_took_are_put_back_after_it(choice: str) -> None:
     if choice == "uvloop":
         pytest.importorskip("uvloop")
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    original = signal.getsignal(signal.SIGTERM)
 
-    async def take_them() -> None:
-        loop = asyncio.get_running_loop()
-        for s in before:
-            loop.add_signal_handler(s, lambda: None)
+    def the_programs_own(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+    signal.signal(signal.SIGTERM, the_programs_own)
+    try:
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
-    run(take_them(), choice)
-    # uvloop's loop removes its handlers only while it runs: without run's clean-up SIGTERM and
-    # SIGINT would stay bound to the closed loop, and the rest of the program would not hear them.
-    assert {s: signal.getsignal(s) for s in before} == before
+        async def take_them() -> None:
+            loop = asyncio.get_running_loop()
+            for s in before:
+                loop.add_signal_handler(s, lambda: None)
+
+        run(take_them(), choice)
+        # uvloop's loop removes its handlers only while it runs: without run's clean-up SIGTERM and
+        # SIGINT would stay bound to the closed loop, and the rest of the program would not hear them.
+        # asyncio's sets SIG_DFL, not the handler it found.
+        assert {s: signal.getsignal(s) for s in before} == before
+    finally:
+        signal.signal(signal.SIGTERM, original)
 
 
 def test_the_environment_chooses_when_the_code_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
