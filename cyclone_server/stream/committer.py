@@ -197,14 +197,13 @@ class ResultCommitter:
             else:
                 msg.acks.acks.add(step_id=wire_step_id, lease_generation=r.generation,
                                   status=ACK_OF_STATUS[status], detail=DETAIL_OF_STATUS[status])
-        now = time.monotonic()
         for conn, msg in acks.items():
             conn.send(msg)
             conn.unacked -= len(msg.acks.acks)
             if conn.draining and conn.unacked == 0:
                 conn.end()
             if conn.quiet:  # a hand-back's ack: a pass at the quiet's end (WorkerConn.forget)
-                asyncio.get_running_loop().call_later(conn.quiet_until - now, self.on_applied)
+                conn.call_at_quiet_end(self.on_applied)
         self.on_applied()
 
     def _count(self, kind: str, r: Result, status: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -121,6 +122,22 @@ class WorkerConn:
         self.quiet_until = time.monotonic() + seconds
         self._quiet_over.clear()
         self.ping()
+
+    def call_at_quiet_end(self, callback: Callable[[], object]) -> None:
+        """Call `callback` once the quiet is over: at `quiet_until` by time.monotonic(), the clock
+        it counts on, or sooner if the worker speaks (heard). An event loop's timer may fire
+        early: uvloop's counts whole milliseconds from its turn's start, up to a millisecond
+        ahead. A wake-up before the end would find the worker still quiet and be spent, and the
+        next pass could be IDLE_POLL away; so a timer that fires early is armed again for the rest."""
+        loop = asyncio.get_running_loop()
+
+        def at_end() -> None:
+            left = self.quiet_until - time.monotonic()
+            if self.quiet_until and left > 0 and not self.closed:
+                loop.call_later(left, at_end)
+            else:
+                callback()
+        loop.call_later(max(self.quiet_until - time.monotonic(), 0.0), at_end)
 
     def heard(self) -> bool:
         """A message (or EOF) came from the worker: a quiet after its last snooze is over.

@@ -280,7 +280,7 @@ class WorkerHub(workers_pb2_grpc.WorkersServicer):
                 handed_back |= result.outcome == "snoozed" and not result.delay  # maybe a stopping worker's
         if handed_back:
             conn.hush(HANDBACK_QUIET)
-            asyncio.get_running_loop().call_later(HANDBACK_QUIET, self.wake)
+            conn.call_at_quiet_end(self.wake)
         if refused:
             conn.send(pb.ServerMessage(acks=pb.ResultAcks(acks=refused)))
         self.wake()  # the answered leases' slots are free
