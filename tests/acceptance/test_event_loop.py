@@ -4,6 +4,7 @@ and steps complete on every pairing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -67,3 +68,16 @@ def test_a_worker_told_to_use_an_unknown_loop_says_so() -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "event loop 'trio' is not one of auto, uvloop, asyncio" in out.stderr
+
+
+CYCLONE = "import sys; from cyclone_server.cli.main import main; sys.exit(main(sys.argv[1:]))"  # `cyclone ...`
+
+
+@pytest.mark.parametrize("argv", [["-c", CYCLONE, "dev", "--no-worker"],
+                                  ["-m", "cyclone_worker.demo", "--address", "127.0.0.1:1"]])
+def test_cyclone_dev_and_the_demo_refuse_an_unknown_loop_in_the_environment(tmp_path: Path, argv: list[str]) -> None:
+    out = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CYCLONE_EVENT_LOOP": "trio"})
+    assert out.returncode == 2
+    assert "CYCLONE_EVENT_LOOP='trio' is not one of auto, uvloop, asyncio" in out.stderr
+    assert not (tmp_path / ".cyclone").exists()  # refused before anything started
