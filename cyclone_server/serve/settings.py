@@ -259,7 +259,8 @@ def from_args(args: argparse.Namespace) -> Settings:
         sweep_interval=args.sweep_interval, retention_interval=args.retention_interval,
         retention_default_age=args.retention_default_age, migrate=not args.no_migrate,
         server_id=args.server_id, ready_file=args.ready_file, grace=args.grace,
-        max_payload_bytes=args.max_payload_bytes, event_loop=args.event_loop, metrics_listen=args.metrics_listen, http_listen=args.http_listen,
+        max_payload_bytes=args.max_payload_bytes, event_loop=args.event_loop, metrics_listen=args.metrics_listen,
+        http_listen=args.http_listen,
         http_tls=(args.tls_cert, args.tls_key) if args.tls_cert else None,
         interceptors=interceptors, credentials=credentials, reuse_port=getattr(args, "reuse_port", False),
     )
