@@ -27,13 +27,16 @@ _SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP
 
 
 def from_env(choice: str | None = None) -> str:
-    """`choice`, or else CYCLONE_EVENT_LOOP, or else "auto"."""
+    """`choice`, or else CYCLONE_EVENT_LOOP (exactly one of EVENT_LOOPS, as the server's
+    `--event-loop` takes it), or else "auto"."""
     if choice is not None:
         return choice
-    value = os.environ.get(ENV, "").strip().lower()
-    if value and value not in EVENT_LOOPS:
+    value = os.environ.get(ENV)
+    if value is None:
+        return "auto"
+    if value not in EVENT_LOOPS:
         raise ValueError(f"{ENV}={value!r} is not one of {', '.join(EVENT_LOOPS)}")
-    return value or "auto"
+    return value
 
 
 def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -56,10 +59,12 @@ def loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop
 def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
     """`asyncio.run(main)` on the event loop `choice` names (see loop_factory).
 
-    The signals a loop took (add_signal_handler) get back the handlers they had before: uvloop's
-    loop removes its handlers only while it runs, so SIGINT and SIGTERM would otherwise stay bound
-    to a closed loop, and the rest of the program (its exit included) would not hear them; asyncio's
-    sets the default disposition, not the handler it found."""
+    SIGINT, SIGTERM and SIGHUP, when the loop took them (add_signal_handler), get back the
+    handlers they had before: uvloop's loop removes its handlers only while it runs, so they would
+    otherwise stay bound to a closed loop, and the rest of the program (its exit included) would
+    not hear them; asyncio's sets the default disposition, not the handler it found. A handler the
+    program itself set meanwhile stays, unless it is the default disposition (which is what a loop
+    leaves behind); one set outside Python (getsignal None) cannot be put back and is left alone."""
     try:
         factory = loop_factory(choice)
     except ValueError:
@@ -77,8 +82,20 @@ def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
         for sig, handler in before.items():
             now = signal.getsignal(sig)
             taken = getattr(now, "__self__", None) is loop or now in (signal.SIG_DFL, signal.default_int_handler)
-            if loop is not None and taken and now is not handler:
+            if loop is not None and handler is not None and taken and now is not handler:
                 signal.signal(sig, handler)
+
+
+# uvloop's timers count whole milliseconds from the start of the loop's turn, so one may fire up
+# to a millisecond before its time by time.monotonic(); asyncio's fire at their time or after.
+UVLOOP_TIMER_SLACK = 0.001
+
+
+def timer_slack(loop: asyncio.AbstractEventLoop | None = None) -> float:
+    """Seconds to add to a timer that must not fire before a time.monotonic() deadline: 1 ms on
+    uvloop (UVLOOP_TIMER_SLACK), none on asyncio's loop. Without it, a wake-up that comes early
+    finds its deadline not yet passed and is spent, or spins the loop until it has."""
+    return UVLOOP_TIMER_SLACK if loop_name(loop) == "uvloop" else 0.0
 
 
 def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:

@@ -199,7 +199,8 @@ class Worker:
                 except (NotImplementedError, RuntimeError, ValueError):
                     pass
             await self.run()
-        run_on(main(), from_env(event_loop))
+        choice = from_env(event_loop)  # before main() exists: a bad variable leaves no coroutine unawaited
+        run_on(main(), choice)
 
     def stop(self) -> None:
         """Stop gracefully: take no new work, let running handlers finish (up to `grace`

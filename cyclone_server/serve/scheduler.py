@@ -24,6 +24,7 @@ from cyclone_server.errors import Unavailable
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
 from cyclone_server.tasks import cancel_and_wait
+from cyclone_worker._loop import timer_slack
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ class Scheduler:
                 log.warning("schedule pass failed: %s; trying again in %.0f s", e, RETRY_AFTER)
                 delay = RETRY_AFTER
             try:
-                async with asyncio.timeout(min(delay, MAX_SLEEP)):
+                # The database's clock says when: a timer of uvloop's firing early would cost a pass.
+                async with asyncio.timeout(min(delay + timer_slack(), MAX_SLEEP)):
                     await self._wake.wait()
             except TimeoutError:
                 pass

@@ -14,6 +14,7 @@ from google.protobuf import timestamp_pb2
 from cyclone_proto import workers_pb2 as pb
 
 from cyclone_server import tracing
+from cyclone_worker._loop import timer_slack
 
 LeaseKey = tuple[str, int]  # (step_id, lease_generation)
 
@@ -124,20 +125,22 @@ class WorkerConn:
         self.ping()
 
     def call_at_quiet_end(self, callback: Callable[[], object]) -> None:
-        """Call `callback` once the quiet is over: at `quiet_until` by time.monotonic(), the clock
-        it counts on, or sooner if the worker speaks (heard). An event loop's timer may fire
-        early: uvloop's counts whole milliseconds from its turn's start, up to a millisecond
-        ahead. A wake-up before the end would find the worker still quiet and be spent, and the
-        next pass could be IDLE_POLL away; so a timer that fires early is armed again for the rest."""
+        """Call `callback` once, when the quiet is over by time.monotonic(), the clock
+        `quiet_until` counts on (a quiet that `forget` extended meanwhile: at its new end; one that
+        `heard` ended: at the next timer, the hub having woken the dispatcher then). A wake-up
+        before the end would find the worker still quiet and be spent, and the next pass could be
+        IDLE_POLL away: the timer has uvloop's slack (_loop.timer_slack), and one that fires early
+        anyway is armed again for the rest."""
         loop = asyncio.get_running_loop()
+        slack = timer_slack(loop)
 
         def at_end() -> None:
             left = self.quiet_until - time.monotonic()
             if self.quiet_until and left > 0 and not self.closed:
-                loop.call_later(left, at_end)
+                loop.call_later(left + slack, at_end)
             else:
                 callback()
-        loop.call_later(max(self.quiet_until - time.monotonic(), 0.0), at_end)
+        loop.call_later(max(self.quiet_until - time.monotonic(), 0.0) + slack, at_end)
 
     def heard(self) -> bool:
         """A message (or EOF) came from the worker: a quiet after its last snooze is over.
@@ -163,9 +166,10 @@ class WorkerConn:
 
     async def quiet_over(self) -> None:
         """Return once the quiet after a zero-delay snooze is over (at once when there is none)."""
+        slack = timer_slack()
         while self.quiet:
             try:
-                async with asyncio.timeout(max(self.quiet_until - time.monotonic(), 0.0)):
+                async with asyncio.timeout(max(self.quiet_until - time.monotonic(), 0.0) + slack):
                     await self._quiet_over.wait()
             except TimeoutError:
                 pass

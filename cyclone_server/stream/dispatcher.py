@@ -17,6 +17,8 @@ from cyclone_server.errors import InvalidArgument
 from cyclone_server.records import PreparedJob
 from cyclone_server.store.engine import Engine
 
+from cyclone_worker._loop import timer_slack
+
 from .conn import HeldLease, LeaseKey, WorkerConn
 from .wire import lease_message, traced
 
@@ -120,12 +122,16 @@ class Dispatcher:
             await asyncio.gather(*self._deferred, return_exceptions=True)
 
     async def run(self) -> None:
+        slack = timer_slack()
         while True:
             try:
                 # asyncio.timeout, not wait_for (see ResultCommitter._gather).
                 # The safety net holds whatever is due: a step due tomorrow is no reason to
                 # miss a lost wake-up until then.
-                async with asyncio.timeout(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL)):
+                # The due and pace waits end by time.monotonic() or the database's clock: uvloop's
+                # timers, which may fire a millisecond early, get their slack (_loop.timer_slack).
+                wait = IDLE_POLL if self._due_in is None else min(self._due_in + slack, IDLE_POLL)
+                async with asyncio.timeout(wait):
                     await self._event.wait()
             except TimeoutError:
                 if self._due_in is None or self._due_in >= IDLE_POLL:  # the safety net, not a due timer:

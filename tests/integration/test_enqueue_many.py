@@ -498,4 +498,8 @@ def test_a_gather_slice_is_one_the_loops_timers_can_wait(db_url: str, monkeypatc
         finally:
             await engine.close()
     run_on(go(), choice)
-    assert slices and slices[0] == (batching.GATHER_SLICE_UVLOOP if choice == "uvloop" else batching.GATHER_SLICE)
+    assert slices
+    if choice == "uvloop":  # a whole millisecond at least: uvloop drops a timer's sub-millisecond part
+        assert slices[0] >= 0.001
+    else:
+        assert slices[0] == batching.GATHER_SLICE

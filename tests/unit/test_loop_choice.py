@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import signal
 import sys
 import threading
+import warnings
 
 import pytest
 
 from cyclone_server.serve import settings
-from cyclone_worker._loop import from_env, loop_factory, loop_name, run
+from cyclone_worker._loop import from_env, loop_factory, loop_name, run, timer_slack
 
 
 async def running_loop() -> str:
@@ -74,11 +76,36 @@ def test_the_signal_handlers_a_loop_took_are_put_back_after_it(choice: str) -> N
 def test_the_environment_chooses_when_the_code_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CYCLONE_EVENT_LOOP", raising=False)
     assert from_env() == "auto"
-    monkeypatch.setenv("CYCLONE_EVENT_LOOP", "Asyncio")
+    monkeypatch.setenv("CYCLONE_EVENT_LOOP", "asyncio")
     assert from_env() == "asyncio" and from_env("uvloop") == "uvloop"
+    for bad in ("trio", "Asyncio", ""):  # exactly as the server's --event-loop takes it
+        monkeypatch.setenv("CYCLONE_EVENT_LOOP", bad)
+        with pytest.raises(ValueError, match=rf"CYCLONE_EVENT_LOOP='{bad}' is not one of auto, uvloop, asyncio"):
+            from_env()
+
+
+def test_run_sync_with_a_bad_variable_raises_and_leaves_no_coroutine_unawaited(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cyclone_worker import Worker
+
     monkeypatch.setenv("CYCLONE_EVENT_LOOP", "trio")
-    with pytest.raises(ValueError, match=r"CYCLONE_EVENT_LOOP='trio' is not one of auto, uvloop, asyncio"):
-        from_env()
+    worker = Worker("127.0.0.1:1", slots=1)
+    worker.handler("k")(running_loop)
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited", when collected, goes to unraisablehook
+        with pytest.raises(ValueError, match="CYCLONE_EVENT_LOOP='trio'"):
+            worker.run_sync()
+        gc.collect()
+    assert unraisable == []
+
+
+def test_uvloop_gets_a_millisecond_of_slack_and_asyncio_none() -> None:
+    async def slack() -> float:
+        return timer_slack()
+    assert run(slack(), "asyncio") == 0.0
+    if importlib.util.find_spec("uvloop") is not None:
+        assert run(slack(), "uvloop") == 0.001
 
 
 def test_run_sync_in_a_thread_that_is_not_the_main_one_runs_without_signal_handlers() -> None:
