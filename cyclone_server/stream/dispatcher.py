@@ -121,21 +121,33 @@ class Dispatcher:
         while self._deferred:
             await asyncio.gather(*self._deferred, return_exceptions=True)
 
-    async def run(self) -> None:
-        slack = timer_slack()
+    async def _wait(self, seconds: float, slack: float) -> bool:
+        """Wait for a wake-up (True), or until `seconds` have passed by time.monotonic() (False).
+
+        The due and pace waits end by the database's clock or time.monotonic(): a claim made
+        before then comes up short and leases the step MIN_DUE_WAIT late. uvloop's timers count
+        whole milliseconds from the start of the loop's turn, so one may fire early, by more
+        than a millisecond when the turn ran long: the timer has uvloop's slack
+        (_loop.timer_slack), and one that fires early anyway is set again for the rest."""
+        end = time.monotonic() + seconds
         while True:
             try:
                 # asyncio.timeout, not wait_for (see ResultCommitter._gather).
-                # The safety net holds whatever is due: a step due tomorrow is no reason to
-                # miss a lost wake-up until then.
-                # The due and pace waits end by time.monotonic() or the database's clock: uvloop's
-                # timers, which may fire a millisecond early, get their slack (_loop.timer_slack).
-                wait = IDLE_POLL if self._due_in is None else min(self._due_in + slack, IDLE_POLL)
-                async with asyncio.timeout(wait):
+                async with asyncio.timeout(max(end - time.monotonic(), 0.0) + slack):
                     await self._event.wait()
+                return True
             except TimeoutError:
-                if self._due_in is None or self._due_in >= IDLE_POLL:  # the safety net, not a due timer:
-                    self._held.clear()    # a wake-up lost with a LISTEN connection
+                if time.monotonic() >= end:
+                    return False
+
+    async def run(self) -> None:
+        slack = timer_slack()
+        while True:
+            # The safety net holds whatever is due: a step due tomorrow is no reason to
+            # miss a lost wake-up until then.
+            woken = await self._wait(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL), slack)
+            if not woken and (self._due_in is None or self._due_in >= IDLE_POLL):  # the safety net, not a due
+                self._held.clear()    # timer: a wake-up lost with a LISTEN connection
             if self._stopping:
                 await self._deliveries()
                 return
