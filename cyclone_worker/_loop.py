@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -96,6 +97,22 @@ def timer_slack(loop: asyncio.AbstractEventLoop | None = None) -> float:
     uvloop (UVLOOP_TIMER_SLACK), none on asyncio's loop. Without it, a wake-up that comes early
     finds its deadline not yet passed and is spent, or spins the loop until it has."""
     return UVLOOP_TIMER_SLACK if loop_name(loop) == "uvloop" else 0.0
+
+
+async def wait_event_until(event: asyncio.Event, deadline: float) -> bool:
+    """Wait for `event` (True) or until time.monotonic() reaches `deadline` (False), and not a
+    moment before it on either loop: the timer has uvloop's slack (timer_slack), and one that
+    fires early anyway (a timer armed late in a long loop turn) is set again for the rest."""
+    slack = timer_slack()
+    while True:
+        try:
+            # asyncio.timeout, not wait_for, which can lose a cancel on Python 3.11.
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0) + slack):
+                await event.wait()
+            return True
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                return False
 
 
 def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 
 from cyclone_server import schedule_spec
 from cyclone_server.errors import Unavailable
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
 from cyclone_server.tasks import cancel_and_wait
-from cyclone_worker._loop import timer_slack
+from cyclone_worker._loop import wait_event_until
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +88,8 @@ class Scheduler:
                 self.failed_passes += 1
                 log.warning("schedule pass failed: %s; trying again in %.0f s", e, RETRY_AFTER)
                 delay = RETRY_AFTER
-            try:
-                # The database's clock says when: a timer of uvloop's firing early would cost a pass.
-                async with asyncio.timeout(min(delay + timer_slack(), MAX_SLEEP)):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            # The database's clock says when: a wake-up before then would cost a pass for nothing.
+            await wait_event_until(self._wake, time.monotonic() + min(delay, MAX_SLEEP))
 
     async def run_once(self) -> float:
         """Fire everything due, start released buffered fire times; seconds until the next due time."""

@@ -14,7 +14,7 @@ from google.protobuf import timestamp_pb2
 from cyclone_proto import workers_pb2 as pb
 
 from cyclone_server import tracing
-from cyclone_worker._loop import timer_slack
+from cyclone_worker._loop import timer_slack, wait_event_until
 
 LeaseKey = tuple[str, int]  # (step_id, lease_generation)
 
@@ -166,13 +166,8 @@ class WorkerConn:
 
     async def quiet_over(self) -> None:
         """Return once the quiet after a zero-delay snooze is over (at once when there is none)."""
-        slack = timer_slack()
-        while self.quiet:
-            try:
-                async with asyncio.timeout(max(self.quiet_until - time.monotonic(), 0.0) + slack):
-                    await self._quiet_over.wait()
-            except TimeoutError:
-                pass
+        while self.quiet:  # (forget may extend the quiet meanwhile)
+            await wait_event_until(self._quiet_over, self.quiet_until)
 
     def answer(self, key: LeaseKey, *, snooze: bool = False) -> HeldLease | None:
         """A result for the lease `key` arrived: the lease stays held, and renewed, until

@@ -17,7 +17,7 @@ from cyclone_server.errors import InvalidArgument
 from cyclone_server.records import PreparedJob
 from cyclone_server.store.engine import Engine
 
-from cyclone_worker._loop import timer_slack
+from cyclone_worker._loop import wait_event_until
 
 from .conn import HeldLease, LeaseKey, WorkerConn
 from .wire import lease_message, traced
@@ -121,31 +121,14 @@ class Dispatcher:
         while self._deferred:
             await asyncio.gather(*self._deferred, return_exceptions=True)
 
-    async def _wait(self, seconds: float, slack: float) -> bool:
-        """Wait for a wake-up (True), or until `seconds` have passed by time.monotonic() (False).
-
-        The due and pace waits end by the database's clock or time.monotonic(): a claim made
-        before then comes up short and leases the step MIN_DUE_WAIT late. uvloop's timers count
-        whole milliseconds from the start of the loop's turn, so one may fire early, by more
-        than a millisecond when the turn ran long: the timer has uvloop's slack
-        (_loop.timer_slack), and one that fires early anyway is set again for the rest."""
-        end = time.monotonic() + seconds
-        while True:
-            try:
-                # asyncio.timeout, not wait_for (see ResultCommitter._gather).
-                async with asyncio.timeout(max(end - time.monotonic(), 0.0) + slack):
-                    await self._event.wait()
-                return True
-            except TimeoutError:
-                if time.monotonic() >= end:
-                    return False
-
     async def run(self) -> None:
-        slack = timer_slack()
         while True:
             # The safety net holds whatever is due: a step due tomorrow is no reason to
-            # miss a lost wake-up until then.
-            woken = await self._wait(IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL), slack)
+            # miss a lost wake-up until then. The due and pace waits end by the database's clock
+            # or time.monotonic(), and a claim made before then comes up short and leases the
+            # step MIN_DUE_WAIT late: so never a moment early, on uvloop either (wait_event_until).
+            wait = IDLE_POLL if self._due_in is None else min(self._due_in, IDLE_POLL)
+            woken = await wait_event_until(self._event, time.monotonic() + wait)
             if not woken and (self._due_in is None or self._due_in >= IDLE_POLL):  # the safety net, not a due
                 self._held.clear()    # timer: a wake-up lost with a LISTEN connection
             if self._stopping:

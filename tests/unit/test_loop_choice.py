@@ -9,12 +9,13 @@ import importlib.util
 import signal
 import sys
 import threading
+import time
 import warnings
 
 import pytest
 
 from cyclone_server.serve import settings
-from cyclone_worker._loop import from_env, loop_factory, loop_name, run, timer_slack
+from cyclone_worker._loop import from_env, loop_factory, loop_name, run, timer_slack, wait_event_until
 
 
 async def running_loop() -> str:
@@ -148,3 +149,23 @@ def test_the_server_defaults_to_auto() -> None:
     settings.add(p, environ={})
     args = p.parse_args(["--database-url", "postgresql:///x"])
     assert settings.from_args(args).event_loop == "auto"
+
+
+@pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
+def test_wait_event_until_returns_at_the_event_or_not_before_the_deadline(choice: str) -> None:
+    if choice == "uvloop":
+        pytest.importorskip("uvloop")
+
+    async def waits() -> tuple[list[float], bool]:
+        event = asyncio.Event()
+        early = []
+        for _ in range(30):
+            deadline = time.monotonic() + 0.0105
+            assert await wait_event_until(event, deadline) is False
+            early.append(max(deadline - time.monotonic(), 0.0))
+        asyncio.get_running_loop().call_later(0.01, event.set)
+        return early, await wait_event_until(event, time.monotonic() + 60)
+
+    early, set_in_time = run(waits(), choice)
+    assert early == [0.0] * 30  # uvloop's timers alone fired before the deadline in most of these
+    assert set_in_time is True
