@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from cyclone_server.errors import Unavailable
@@ -27,6 +28,11 @@ LIMITS_TIDY_INTERVAL = 60.0
 HISTORY_ENSURE_INTERVAL = 600.0
 # At most this many days of history dropped per retention pass (each one lock of the tables).
 HISTORY_MAX_DROPS = 4
+# Claims, results and submissions cost more with every partition of history, and their locks
+# fill Postgres's lock table (docs/operations.md, "What the days cost"): past this many
+# partitions a table, the server says so at start and then once a day (HISTORY_WARN_INTERVAL).
+HISTORY_DAYS_WARN = 60
+HISTORY_WARN_INTERVAL = 86_400.0
 LIMITS_TIDY_BATCH = 1000
 
 
@@ -41,7 +47,8 @@ class Background:
     - every `retention_interval`, when given: the retention sweep, Engine.purge of terminal
       runs older than `retention_default_age` (per-step retention honoured) in bounded batches;
     - every LIMITS_TIDY_INTERVAL: flow control's rows of idle keys removed (Engine.tidy_limits);
-    - every HISTORY_ENSURE_INTERVAL: the coming days of history made (Engine.ensure_history).
+    - every HISTORY_ENSURE_INTERVAL: the coming days of history made (Engine.ensure_history),
+      and a warning when the days are more than HISTORY_DAYS_WARN (at most once a day).
 
     The retention sweep first drops whole days of history whose runs may all go
     (Engine.drop_history_day), deletes what they leave in other tables (Engine.tidy_history),
@@ -77,6 +84,7 @@ class Background:
         # attempts_timeout, ..., children_settle, purged): counters for metrics.
         self.counts: collections.Counter[str] = collections.Counter()
         self.failed_passes = 0
+        self._history_warned_at: float | None = None  # time.monotonic() of the last HISTORY_DAYS_WARN warning
         self._run_ended = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -163,6 +171,16 @@ class Background:
         made = await self.engine.ensure_history()
         if made:
             log.info("history: made %d day(s) ahead", made)
+        days = await self.engine.history_days()
+        now = time.monotonic()
+        if days > HISTORY_DAYS_WARN and (self._history_warned_at is None
+                                         or now - self._history_warned_at >= HISTORY_WARN_INTERVAL):
+            self._history_warned_at = now
+            log.warning("history: %d partitions of runs, steps and edges (a day each); claims, results and "
+                        "submissions slow with every one, and with enough of them Postgres runs out of lock "
+                        "slots ('out of shared memory'): drop the days you no longer need "
+                        "(--retention-interval with --retention-default-age; docs/operations.md, "
+                        "'What the days cost')", days)
 
     async def _retention(self) -> None:
         for _ in range(HISTORY_MAX_DROPS):

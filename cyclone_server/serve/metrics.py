@@ -66,6 +66,8 @@ class StatsSource(Protocol):
 
     async def list_limits(self, *, top: int) -> list[dict[str, Any]]: ...
 
+    async def history_days(self) -> int: ...
+
 
 @dataclass
 class Snapshot:
@@ -76,6 +78,7 @@ class Snapshot:
     ok: bool = False
     seconds: float = 0.0
     limits: list[dict[str, Any]] = field(default_factory=list)  # each with its busiest keys under "keys"
+    history_days: int | None = None  # partitions of each history table (Engine.history_days)
 
 
 # Set while one exposition is generated: the snapshot the database collector reports.
@@ -137,6 +140,10 @@ class _DatabaseCollector:
             ended.add_metric([workflow, state], n)
         yield ended
         yield from _limit_families(snap.limits)
+        if snap.history_days is not None:
+            yield GaugeMetricFamily("cyclone_history_days",
+                                    "Partitions of each history table (runs, steps, edges): the days kept, the days "
+                                    "made ahead and the first. Claims slow with every one.", value=snap.history_days)
         yield GaugeMetricFamily("cyclone_stats_up", "1 when the last read of the database for metrics succeeded.",
                                 value=1 if snap.ok else 0)
         yield GaugeMetricFamily("cyclone_stats_scrape_seconds",
@@ -326,6 +333,7 @@ class Metrics:
                 workers = await engine.list_workers()
                 ended, until = await engine.runs_ended(self._runs_ended_since, RUNS_ENDED_LAG)
                 limits = await engine.list_limits(top=LIMIT_KEYS_SHOWN)
+                history_days = await engine.history_days()
         except Exception as e:  # a scrape reports the failure instead of failing itself
             log.warning("metrics: reading the database failed: %s", e)
             return Snapshot(ok=False, seconds=time.perf_counter() - start)
@@ -333,7 +341,7 @@ class Metrics:
             key = (row["workflow"] or "", row["state"])
             self.runs_ended[key] = self.runs_ended.get(key, 0) + row["n"]
         self._runs_ended_since = until
-        return Snapshot(kinds, workers, True, time.perf_counter() - start, limits)
+        return Snapshot(kinds, workers, True, time.perf_counter() - start, limits, history_days)
 
     def expose(self, snapshot: Snapshot) -> bytes:
         """The text exposition of everything, the database families from `snapshot`."""

@@ -357,6 +357,12 @@ class RunStore(Core):
         row = await self._one("history_ensure")
         return row["made"]  # type: ignore[index]
 
+    async def history_days(self) -> int:
+        """How many partitions each table of history has (docs/operations.md, "Days of
+        history"): the days kept, the days made ahead and the first partition."""
+        row = await self._one("history_days")
+        return row["days"]  # type: ignore[index]
+
     async def purge_count(self, older_than: float | timedelta) -> int:
         """How many runs PurgeTerminalRuns with `older_than` would delete now (its dry run)."""
         row = await self._one("runs_purge_count", age=seconds(older_than))

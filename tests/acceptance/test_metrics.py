@@ -160,6 +160,19 @@ async def test_scrape_gives_the_same_exposition_in_the_servers_loop(engine: Engi
     assert samples["cyclone_kinds_without_workers"] == 1
 
 
+async def test_the_days_of_history_are_a_gauge(engine: Engine) -> None:
+    """cyclone_history_days: the partitions of each history table, which the claims pay for
+    (docs/operations.md, "What the days cost"): one more once a day is made."""
+    samples = parse((await scrape(Metrics(), engine))[0].decode())
+    days = await engine.history_days()
+    assert samples["cyclone_history_days"] == days
+    async with engine.pool.connection() as conn:
+        await conn.execute("SELECT cyclone_history_ensure(5)")  # the days up to five ahead
+    assert await engine.history_days() > days
+    samples = parse((await scrape(Metrics(), engine))[0].decode())
+    assert samples["cyclone_history_days"] == await engine.history_days()
+
+
 async def test_a_database_failure_is_reported_not_fatal(db_url: str) -> None:
     engine = await Engine.open(db_url, min_size=1, max_size=1)
     await engine.close()  # a real pool that can no longer give connections

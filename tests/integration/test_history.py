@@ -4,16 +4,19 @@ day in their ids; a day whose runs may all go is dropped whole, the rest is purg
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 
 import psycopg
 import pytest
-from engine_helpers import fetch, fetch_one, finish, history_from, start, task, violations
+from engine_helpers import fetch, fetch_one, finish, history_from, start, task, until, violations
 
 from cyclone_server.records import Job
+from cyclone_server.serve.background import HISTORY_DAYS_WARN, HISTORY_WARN_INTERVAL, Background
 from cyclone_server.store import runs as runs_module
 from cyclone_server.store.engine import Engine
+from cyclone_server.store.notify import Notifier
 
 pytestmark = pytest.mark.statemachine
 
@@ -388,3 +391,37 @@ async def test_a_step_or_edge_outside_its_runs_day_is_a_violation(engine: Engine
                        (DAY_MS, b["id"]))
     await conn.execute("UPDATE cyclone_steps SET id = pg_temp.shift(id, %s) WHERE id = %s", (DAY_MS, b["id"]))
     assert set(await violations(conn)) == {"a step or edge outside its run's day of history"}
+
+
+
+async def test_a_server_warns_of_too_many_days_at_start_and_then_once_a_day(engine: Engine, conn, db_url: str,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Every partition of history costs the claims and fills Postgres's lock table
+    (docs/operations.md, "What the days cost"): past HISTORY_DAYS_WARN partitions a table, the
+    server says so (and what to do) when it starts, and then once a day, not at every pass."""
+    caplog.set_level(logging.WARNING, logger="cyclone_server.serve.background")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "partitions of runs, steps and edges" in r.getMessage()]
+
+    assert await engine.history_days() < 10  # a new database: the first partition and the days ahead
+    await history_from(conn, HISTORY_DAYS_WARN - 4)  # the first, the days back, today, two ahead
+    assert await engine.history_days() == HISTORY_DAYS_WARN
+    bg = Background(engine, Notifier(db_url), sweep_interval=60.0)
+    await bg._ensure_history()
+    assert warnings() == []  # at the bound, not past it
+
+    await history_from(conn, HISTORY_DAYS_WARN - 3)
+    await bg.start()  # its first pass checks at once
+    try:
+        await until(lambda: warnings(), "the warning of a server starting on too many days")
+    finally:
+        await bg.stop()
+    [said] = warnings()
+    assert f"history: {HISTORY_DAYS_WARN + 1} partitions" in said and "--retention-default-age" in said
+    await bg._ensure_history()
+    assert len(warnings()) == 1  # not again at the next pass
+    assert bg._history_warned_at is not None
+    bg._history_warned_at -= HISTORY_WARN_INTERVAL  # a day later
+    await bg._ensure_history()
+    assert len(warnings()) == 2

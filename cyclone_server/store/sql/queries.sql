@@ -142,6 +142,11 @@ SELECT cyclone_history_tidy(%(limit)s) AS deleted;
 -- name: history_ensure
 SELECT cyclone_history_ensure() AS made;
 
+-- name: history_days
+-- The partitions of each of cyclone_runs, cyclone_steps and cyclone_step_deps: the days of
+-- history, the days made ahead, and the first partition.
+SELECT count(*)::integer AS days FROM cyclone_history_days;
+
 -- name: runs_purge_count
 SELECT cyclone_runs_purge_count(%(age)s) AS eligible;
 
