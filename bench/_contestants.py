@@ -103,10 +103,14 @@ async def submit_dags(address: str, steps: int) -> None:
 
 def cyclone_stage(pg: EmbeddedPostgres, db: str, workdir: Path, workers: int, slots: int,
                   load: Callable[[str, str], None], server_args: Sequence[str] = (),
-                  server_program: tuple[str, ...] = SERVER) -> Stage:
-    """A fresh database, loaded by `load(url, address)`, a fresh server, worker processes waiting."""
+                  server_program: tuple[str, ...] = SERVER,
+                  prepare: Callable[[str], None] | None = None) -> Stage:
+    """A fresh database (given to `prepare(url)` once migrated, before the server starts),
+    loaded by `load(url, address)`, a fresh server, worker processes waiting."""
     url = create_db(pg, db)
     migrate(url)
+    if prepare is not None:
+        prepare(url)
     server, address = start_server(url, workdir, *server_args, program=server_program)
     try:
         load(url, address)
