@@ -162,7 +162,7 @@ async def test_scrape_gives_the_same_exposition_in_the_servers_loop(engine: Engi
 
 async def test_the_days_of_history_are_a_gauge(engine: Engine) -> None:
     """cyclone_history_days: the partitions of each history table, which the claims pay for
-    (docs/operations.md, "What the days cost"): one more once a day is made."""
+    (docs/operations.md, "What the days cost"): one more with each day made."""
     samples = parse((await scrape(Metrics(), engine))[0].decode())
     days = await engine.history_days()
     assert samples["cyclone_history_days"] == days

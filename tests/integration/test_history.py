@@ -393,7 +393,6 @@ async def test_a_step_or_edge_outside_its_runs_day_is_a_violation(engine: Engine
     assert set(await violations(conn)) == {"a step or edge outside its run's day of history"}
 
 
-
 async def test_a_server_warns_of_too_many_days_at_start_and_then_once_a_day(engine: Engine, conn, db_url: str,
                                                                              caplog: pytest.LogCaptureFixture) -> None:
     """Every partition of history costs the claims and fills Postgres's lock table
