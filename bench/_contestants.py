@@ -135,16 +135,17 @@ def check_cyclone(url: str, jobs: int, name: str) -> None:
 def drain_cyclone(pg: EmbeddedPostgres, db: str, jobs: int, workers: int, timeout: float, workdir: Path,
                   during: Callable[[Stage], None] | None = None, server_processes: int = 1,
                   dag: bool = False, server_program: tuple[str, ...] = SERVER,
-                  slots: int = 64) -> Drain:
+                  slots: int = 64, prepare: Callable[[str], None] | None = None) -> Drain:
     """`jobs` committed jobs drained; with `dag`, as many steps in runs of a 10-node DAG (the
-    roots claimable at the start, the rest promoted as their parents complete)."""
+    roots claimable at the start, the rest promoted as their parents complete). `prepare`:
+    as cyclone_stage's."""
     if dag:
         jobs -= jobs % DAG_NODES
     stage = cyclone_stage(pg, db, workdir, workers, slots,
                           lambda url, address: asyncio.run(submit_dags(address, jobs) if dag
                                                            else enqueue_cyclone(address, jobs)),
                           server_args=("--processes", str(server_processes)) if server_processes > 1 else (),
-                          server_program=server_program)
+                          server_program=server_program, prepare=prepare)
     query = (f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps "
              "WHERE state NOT IN ('completed', 'discarded', 'cancelled'))")
     name = f"{'dag' if dag else 'cyc'}{workers}"

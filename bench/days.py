@@ -35,14 +35,12 @@ from cyclone_server import definitions
 from cyclone_server.store.migrate import migrate
 
 from _common import note
-from _contestants import DAG_NODES, check_cyclone, cyclone_stage, enqueue_cyclone, submit_dags
-from _drain import poll_until
+from _contestants import DAG_NODES, drain_cyclone
 from _pg import MARK, create_db, start_postgres
 from _report import MIN_ROUNDS, check_rounds, fmt_spread, postgres_line, print_rows
 from burst import commit_of_checkout
 from history import lay_out_days
 
-OPEN = f"SELECT {MARK} EXISTS (SELECT 1 FROM cyclone_steps WHERE state NOT IN ('completed', 'discarded', 'cancelled'))"
 WARM_UP = 5
 
 
@@ -57,14 +55,10 @@ def laid_out(pg, db: str, days: int) -> str:
 def drain(pg, db: str, days: int, jobs: int, dag: bool, timeout: float, workdir: Path) -> float | str:
     """The drain's rate (jobs or steps a second), or the error that stopped its submissions."""
     try:
-        stage = cyclone_stage(pg, db, workdir, 2, 64, lambda url, address: asyncio.run(
-            submit_dags(address, jobs) if dag else enqueue_cyclone(address, jobs)),
-            prepare=(lambda url: lay_out_days(url, days)) if days else None)
+        return drain_cyclone(pg, db, jobs, 2, timeout, workdir, dag=dag,
+                             prepare=(lambda url: lay_out_days(url, days)) if days else None).rate
     except Exception as e:  # reported: how a database of that many days answered
         return f"submissions failed: {str(e).splitlines()[0][:100]}"
-    d = stage.run("dag2" if dag else "cyc2", jobs, lambda dl: poll_until(stage.url, OPEN, lambda v: not v, dl), timeout)
-    check_cyclone(stage.url, jobs, d.name)
-    return d.rate
 
 
 def calls(pg, db: str, days: int, cycles: int) -> dict[str, float]:
@@ -120,7 +114,7 @@ def main() -> None:
                 for d, dag in cases[turn:] + cases[:turn]:
                     n += 1
                     db = f"bench_days_{n}"
-                    rate = drain(pg, db, d, steps if dag else args.jobs, dag, args.timeout, workdir)
+                    rate = drain(pg, db, d, args.jobs, dag, args.timeout, workdir)
                     with psycopg.connect(pg.url(), autocommit=True) as c:
                         c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
                     rates[(d, dag)].append(rate)
