@@ -107,12 +107,14 @@ def drop_days(c: psycopg.Connection) -> None:
 def lay_out_days(url: str, days: int) -> None:
     """On a database just migrated (empty tables): history begins `days` days before today
     (UTC), a partition per day from then to two days ahead (what a database that has run that
-    long holds), and the first partition all before."""
+    long holds), and the first partition all before; the days that ended settled, as the
+    servers that ran all that time would have found them (migration 0015)."""
     with psycopg.connect(url, autocommit=True) as c:
         drop_days(c)
         c.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - make_interval(days => %s)), "
                   "'first', NULL)", (days,))
         c.execute("SELECT cyclone_history_ensure()")
+        c.execute("SELECT cyclone__history_day_settle(d.lo) FROM cyclone__history_days_unsettled(now()) AS d (lo)")
 
 
 def make_day(url: str, days_ago: int) -> None:

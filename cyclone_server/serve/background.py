@@ -48,7 +48,9 @@ class Background:
       runs older than `retention_default_age` (per-step retention honoured) in bounded batches;
     - every LIMITS_TIDY_INTERVAL: flow control's rows of idle keys removed (Engine.tidy_limits);
     - every HISTORY_ENSURE_INTERVAL: the coming days of history made (Engine.ensure_history),
-      and a warning when the days are more than HISTORY_DAYS_WARN (at most once a day).
+      the days that ended with every run in them terminal settled (Engine.settle_history: the
+      claim and the sweeps read them no more), and a warning when the days are more than
+      HISTORY_DAYS_WARN (at most once a day).
 
     The retention sweep first drops whole days of history whose runs may all go
     (Engine.drop_history_day), deletes what they leave in other tables (Engine.tidy_history),
@@ -171,6 +173,9 @@ class Background:
         made = await self.engine.ensure_history()
         if made:
             log.info("history: made %d day(s) ahead", made)
+        settled = await self.engine.settle_history()
+        if settled:
+            log.info("history: settled %d day(s) (every run in them ended)", settled)
         days = await self.engine.history_days()
         now = time.monotonic()
         if days > HISTORY_DAYS_WARN and (self._history_warned_at is None

@@ -68,6 +68,8 @@ class StatsSource(Protocol):
 
     async def history_days(self) -> int: ...
 
+    async def history_live_days(self) -> int: ...
+
 
 @dataclass
 class Snapshot:
@@ -79,6 +81,7 @@ class Snapshot:
     seconds: float = 0.0
     limits: list[dict[str, Any]] = field(default_factory=list)  # each with its busiest keys under "keys"
     history_days: int | None = None  # partitions of each history table (Engine.history_days)
+    live_days: int | None = None  # of those, the days the claim reads (Engine.history_live_days)
 
 
 # Set while one exposition is generated: the snapshot the database collector reports.
@@ -144,6 +147,10 @@ class _DatabaseCollector:
             yield GaugeMetricFamily("cyclone_history_days",
                                     "Partitions of each history table (runs, steps, edges): the days kept, the days "
                                     "made ahead and the first. Claims slow with every one.", value=snap.history_days)
+        if snap.live_days is not None:
+            yield GaugeMetricFamily("cyclone_history_live_days",
+                                    "Days of history the claim and the sweeps read: from the oldest day with a run "
+                                    "not ended (or retried) on, the days ahead included.", value=snap.live_days)
         yield GaugeMetricFamily("cyclone_stats_up", "1 when the last read of the database for metrics succeeded.",
                                 value=1 if snap.ok else 0)
         yield GaugeMetricFamily("cyclone_stats_scrape_seconds",
@@ -334,6 +341,7 @@ class Metrics:
                 ended, until = await engine.runs_ended(self._runs_ended_since, RUNS_ENDED_LAG)
                 limits = await engine.list_limits(top=LIMIT_KEYS_SHOWN)
                 history_days = await engine.history_days()
+                live_days = await engine.history_live_days()
         except Exception as e:  # a scrape reports the failure instead of failing itself
             log.warning("metrics: reading the database failed: %s", e)
             return Snapshot(ok=False, seconds=time.perf_counter() - start)
@@ -341,7 +349,7 @@ class Metrics:
             key = (row["workflow"] or "", row["state"])
             self.runs_ended[key] = self.runs_ended.get(key, 0) + row["n"]
         self._runs_ended_since = until
-        return Snapshot(kinds, workers, True, time.perf_counter() - start, limits, history_days)
+        return Snapshot(kinds, workers, True, time.perf_counter() - start, limits, history_days, live_days)
 
     def expose(self, snapshot: Snapshot) -> bytes:
         """The text exposition of everything, the database families from `snapshot`."""

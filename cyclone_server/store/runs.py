@@ -357,10 +357,27 @@ class RunStore(Core):
         row = await self._one("history_ensure")
         return row["made"]  # type: ignore[index]
 
+    async def settle_history(self) -> int:
+        """Settle the days of history that have ended and whose runs are all terminal
+        (migration 0015: the claim and the sweeps read no settled day), each in its own
+        transaction. Returns how many it settled; a day with a live run, or whose lock was not
+        had at once, is left to the next call."""
+        settled = 0
+        for row in await self._all("history_unsettled"):
+            if (await self._one("history_settle", lo=row["lo"]))["settled"]:  # type: ignore[index]
+                settled += 1
+        return settled
+
     async def history_days(self) -> int:
         """How many partitions each table of history has (docs/operations.md, "Days of
         history"): the days kept, the days made ahead and the first partition."""
         row = await self._one("history_days")
+        return row["days"]  # type: ignore[index]
+
+    async def history_live_days(self) -> int:
+        """How many of those days the claim and the sweeps read: the days from the first one not
+        settled on (migration 0015), the days ahead included."""
+        row = await self._one("history_live_days")
         return row["days"]  # type: ignore[index]
 
     async def purge_count(self, older_than: float | timedelta) -> int:

@@ -173,6 +173,25 @@ async def test_the_days_of_history_are_a_gauge(engine: Engine) -> None:
     assert samples["cyclone_history_days"] == await engine.history_days()
 
 
+async def test_the_days_the_claim_reads_are_a_gauge(engine: Engine) -> None:
+    """cyclone_history_live_days: the days from the first one not settled on (migration 0015),
+    which a long-running run keeps from shrinking."""
+    async with engine.pool.connection() as conn:  # history from three days ago (empty days)
+        for row in await (await conn.execute("SELECT suffix FROM cyclone_history_days")).fetchall():
+            for table in ("cyclone_runs", "cyclone_steps", "cyclone_step_deps"):
+                await conn.execute(f"DROP TABLE {table}_{row['suffix']}")
+        await conn.execute("DELETE FROM cyclone_history_days")
+        await conn.execute("SELECT cyclone__history_day_make(NULL, cyclone__day_uuid(now() - interval '3 days'), "
+                           "'first', NULL)")
+        await conn.execute("SELECT cyclone_history_ensure()")
+    days = await engine.history_days()
+    samples = parse((await scrape(Metrics(), engine))[0].decode())
+    assert samples["cyclone_history_live_days"] == days == await engine.history_live_days()
+    await engine.settle_history()
+    samples = parse((await scrape(Metrics(), engine))[0].decode())
+    assert samples["cyclone_history_live_days"] == await engine.history_live_days() < days
+
+
 async def test_a_database_failure_is_reported_not_fatal(db_url: str) -> None:
     engine = await Engine.open(db_url, min_size=1, max_size=1)
     await engine.close()  # a real pool that can no longer give connections

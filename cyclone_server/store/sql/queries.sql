@@ -142,10 +142,20 @@ SELECT cyclone_history_tidy(%(limit)s) AS deleted;
 -- name: history_ensure
 SELECT cyclone_history_ensure() AS made;
 
+-- name: history_unsettled
+SELECT d.lo FROM cyclone__history_days_unsettled(now()) AS d (lo);
+
+-- name: history_settle
+SELECT cyclone__history_day_settle(%(lo)s) AS settled;
+
 -- name: history_days
 -- The partitions of each of cyclone_runs, cyclone_steps and cyclone_step_deps: the days of
 -- history, the days made ahead, and the first partition.
 SELECT count(*)::integer AS days FROM cyclone_history_days;
+
+-- name: history_live_days
+-- The days the claim and the sweeps read (cyclone__live_floor): the first not settled on.
+SELECT count(*)::integer AS days FROM cyclone_history_days WHERE lo >= cyclone__live_floor();
 
 -- name: runs_purge_count
 SELECT cyclone_runs_purge_count(%(age)s) AS eligible;

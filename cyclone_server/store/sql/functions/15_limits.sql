@@ -443,17 +443,19 @@ SET enable_seqscan = off
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     RETURN QUERY WITH RECURSIVE walk (kind, tok) AS (
         SELECT k.kind, (SELECT s.limit_keys[1] FROM cyclone_steps s
                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                           AND s.kind = k.kind
+                           AND s.kind = k.kind AND s.id >= live_lo
                          ORDER BY s.limit_keys[1] LIMIT 1)
           FROM unnest(p_kinds) AS k (kind)
         UNION ALL
         SELECT w.kind, (SELECT s.limit_keys[1] FROM cyclone_steps s
                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                           AND s.kind = w.kind AND s.limit_keys[1] > w.tok
+                           AND s.kind = w.kind AND s.limit_keys[1] > w.tok AND s.id >= live_lo
                          ORDER BY s.limit_keys[1] LIMIT 1)
           FROM walk w WHERE w.tok IS NOT NULL
     )
@@ -462,7 +464,7 @@ BEGIN
      CROSS JOIN LATERAL (
         SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at FROM cyclone_steps s
          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-           AND s.kind = w.kind AND s.limit_keys[1] = w.tok
+           AND s.kind = w.kind AND s.limit_keys[1] = w.tok AND s.id >= live_lo
          ORDER BY s.priority, s.fair_at, s.id LIMIT 1) h
       LEFT JOIN cyclone_fair_clocks v ON v.kind = w.kind
      WHERE w.tok IS NOT NULL AND NOT w.tok = ANY (p_skip)
@@ -492,10 +494,11 @@ DECLARE
     k text[];
     t text[];
     saved_lock_timeout text := current_setting('lock_timeout');
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     due := ARRAY(SELECT x.id FROM cyclone_steps x
                   WHERE x.state = 'available' AND x.limit_keys IS NOT NULL AND x.fair_at IS NULL
-                    AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now()
+                    AND x.kind = ANY (p_kinds) AND x.scheduled_at <= now() AND x.id >= live_lo
                   ORDER BY x.scheduled_at LIMIT 1000);
     IF cardinality(due) = 0 THEN
         RETURN;
@@ -538,13 +541,14 @@ AS $$
 DECLARE
     k text;
     t text;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     FOREACH k IN ARRAY p_kinds LOOP
         t := '';  -- before every token (none is empty)
         LOOP
             t := (SELECT s.limit_keys[1] FROM cyclone_steps s
                    WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL AND s.kind = k
-                     AND s.limit_keys[1] > t
+                     AND s.limit_keys[1] > t AND s.id >= live_lo
                    ORDER BY s.limit_keys[1] LIMIT 1);
             EXIT WHEN t IS NULL;
             IF NOT t = ANY (p_tokens) THEN
@@ -592,6 +596,7 @@ DECLARE
     whole boolean := false;      -- the window held every due step
     any_runs boolean;            -- a token judged so far is of a limit of runs
     cap integer := p_limit * 4 + 64;  -- the window's size
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
     got integer := 0;
     want integer;
     w_ids uuid[];                -- a read of the window
@@ -667,7 +672,7 @@ BEGIN
                         SELECT s.id, s.run_id, s.limit_keys, s.priority, s.fair_at, s.scheduled_at
                           FROM cyclone_steps s
                          WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                           AND s.kind = k.kind
+                           AND s.kind = k.kind AND s.id >= live_lo
                            AND (s.priority, s.fair_at, s.id)
                                > (COALESCE(a.pri, -2147483648), COALESCE(a.fair, '-Infinity'::float8),
                                   COALESCE(a.id, '00000000-0000-0000-0000-000000000000'::uuid))
@@ -1103,19 +1108,20 @@ DECLARE
     later timestamptz;
     best double precision;
     window_ids uuid[];
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     SELECT min(n.at) INTO later
       FROM unnest(p_kinds) AS k (kind)
      CROSS JOIN LATERAL (SELECT s.scheduled_at AS at FROM cyclone_steps s
                           WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
-                            AND s.kind = k.kind
+                            AND s.kind = k.kind AND s.id >= live_lo
                           ORDER BY s.scheduled_at LIMIT 1) n;
     window_ids := ARRAY(
         SELECT w.id FROM unnest(p_kinds) AS k (kind)
          CROSS JOIN LATERAL (
             SELECT s.id FROM cyclone_steps s
              WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-               AND s.kind = k.kind
+               AND s.kind = k.kind AND s.id >= live_lo
              ORDER BY s.priority, s.fair_at, s.id LIMIT 64) w);
     best := cyclone__limits_due(window_ids);
     IF (best IS NULL OR best > 0.0) AND cardinality(window_ids) >= 64 THEN
@@ -1365,6 +1371,7 @@ AS $$
 DECLARE
     n integer;
     total integer := 0;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     DELETE FROM cyclone_limit_starts d
      WHERE d.ctid = ANY (ARRAY(
@@ -1381,7 +1388,7 @@ BEGIN
         SELECT x.limit_name, x.key FROM cyclone_limit_keys x
          WHERE (x.paced IS NULL OR x.paced <= clock_timestamp())
            AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.id >= live_lo
                               AND s.limit_keys @> ARRAY[cyclone__limit_token(x.limit_name, x.key)])
          LIMIT p_limit
            FOR UPDATE OF x SKIP LOCKED);
@@ -1397,15 +1404,15 @@ BEGIN
         SELECT x.kind, x.token FROM cyclone_fair_keys x
           LEFT JOIN cyclone_fair_clocks c ON c.kind = x.kind
          WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                            WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.id >= live_lo
                               AND s.limit_keys @> ARRAY[x.token] AND s.kind = x.kind)
            AND (x.vclock <= COALESCE(c.vt, 0.0)
                 OR NOT (EXISTS (SELECT 1 FROM cyclone_steps s
                                  WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NOT NULL
-                                   AND s.kind = x.kind)
+                                   AND s.kind = x.kind AND s.id >= live_lo)
                         OR EXISTS (SELECT 1 FROM cyclone_steps s
                                     WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.fair_at IS NULL
-                                      AND s.kind = x.kind)))
+                                      AND s.kind = x.kind AND s.id >= live_lo)))
          LIMIT p_limit
            FOR UPDATE OF x SKIP LOCKED);
     GET DIAGNOSTICS n = ROW_COUNT;

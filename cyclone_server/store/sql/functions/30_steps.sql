@@ -57,6 +57,7 @@ DECLARE
     admitting uuid[];
     span_lo uuid;
     span_hi uuid;
+    live_lo uuid := cyclone__live_floor();  -- no claimable step is in a day before (settled days)
 BEGIN
     -- Due limited steps not yet placed in the fair order, first: this may wait for their
     -- clocks, which it must not do holding rows (cyclone__limits_place_due).
@@ -69,7 +70,7 @@ BEGIN
          CROSS JOIN LATERAL (
             SELECT s.id, s.priority, s.scheduled_at FROM cyclone_steps s
              WHERE s.state = 'available' AND s.limit_keys IS NULL AND s.kind = k.kind
-               AND s.scheduled_at <= now()
+               AND s.scheduled_at <= now() AND s.id >= live_lo
              ORDER BY s.priority, s.scheduled_at, s.id
              LIMIT p_limit
                FOR UPDATE SKIP LOCKED) c
@@ -115,6 +116,9 @@ BEGIN
         SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(ids || picked) d;
         ids := ARRAY(SELECT s.id FROM cyclone_steps s WHERE s.id = ANY (ids || picked) AND s.id >= span_lo AND s.id < span_hi
                       ORDER BY s.priority, s.scheduled_at, s.id LIMIT p_limit);
+    END IF;
+    IF cardinality(ids) = 0 THEN
+        RETURN;  -- (the statements below would find nothing, and open every day's partitions)
     END IF;
     -- The days the claimed steps are in (cyclone__ids_span): the update reads those alone.
     SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(ids) d;
@@ -262,22 +266,23 @@ SET jit = off  -- as cyclone__steps_claim: a generic plan's cost says nothing of
 AS $$
 DECLARE
     seconds double precision;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no available step)
 BEGIN
     SELECT extract(epoch FROM min(n.at) - now())::float8 INTO seconds
       FROM unnest(p_kinds) AS k (kind)
      CROSS JOIN LATERAL (
            WITH RECURSIVE p (priority) AS (
                (SELECT s.priority FROM cyclone_steps s
-                 WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                 WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL AND s.id >= live_lo
                  ORDER BY s.priority LIMIT 1)
                UNION ALL
                SELECT (SELECT s.priority FROM cyclone_steps s
-                        WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                        WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL AND s.id >= live_lo
                           AND s.priority > p.priority
                         ORDER BY s.priority LIMIT 1)
                  FROM p WHERE p.priority IS NOT NULL)
            SELECT (SELECT s.scheduled_at FROM cyclone_steps s
-                    WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL
+                    WHERE s.kind = k.kind AND s.state = 'available' AND s.limit_keys IS NULL AND s.id >= live_lo
                       AND s.priority = p.priority
                     ORDER BY s.scheduled_at LIMIT 1) AS at
              FROM p WHERE p.priority IS NOT NULL) n;
@@ -287,12 +292,12 @@ BEGIN
     IF EXISTS (SELECT 1 FROM unnest(p_kinds) AS k (kind)
                 CROSS JOIN LATERAL (
                       (SELECT 1 FROM cyclone_steps s
-                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.id >= live_lo
                           AND s.fair_at IS NOT NULL AND s.kind = k.kind
                         ORDER BY s.priority, s.fair_at LIMIT 1)
                       UNION ALL
                       (SELECT 1 FROM cyclone_steps s
-                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL
+                        WHERE s.state = 'available' AND s.limit_keys IS NOT NULL AND s.id >= live_lo
                           AND s.fair_at IS NULL AND s.kind = k.kind
                         ORDER BY s.scheduled_at LIMIT 1)) x) THEN
         seconds := least(seconds, cyclone__limits_next_due(p_kinds));
@@ -816,32 +821,43 @@ END $$;
 CREATE OR REPLACE FUNCTION cyclone_leases_renew(p_owner text, p_step_ids uuid[], p_generations bigint[],
                                                 p_lease_ttl interval)
 RETURNS TABLE (step_id uuid, lease_generation bigint)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    span_lo uuid;
+    span_hi uuid;
+BEGIN
+    -- The days of the held steps (cyclone__ids_span): every lookup below stays within them.
+    -- A function of SQL, planned at every call, opened every day's partitions and indexes.
+    SELECT d.lo, d.hi INTO span_lo, span_hi FROM cyclone__ids_span(p_step_ids) d;
     -- Each step by primary key, whatever the plan was made on (see cyclone_results_apply's
     -- "Plans"): joined, the held leases were hashed from a scan of the whole table.
+    RETURN QUERY
     WITH held AS MATERIALIZED (
         SELECT h.id, h.gen FROM unnest(p_step_ids, p_generations) AS h (id, gen)
     ), renewable AS MATERIALIZED (
         SELECT s.id
           FROM held h
          CROSS JOIN LATERAL (SELECT s.id FROM cyclone_steps s
-                              WHERE s.id = h.id AND s.state = (SELECT 'running'::text)
+                              WHERE s.id = h.id AND s.id >= span_lo AND s.id < span_hi
+                                AND s.state = (SELECT 'running'::text)
                                 AND s.lease_generation = h.gen AND s.lease_owner = p_owner
                                 FOR NO KEY UPDATE OF s SKIP LOCKED) s
     ), renewed AS (
-        -- (and within the renewable ids' range: an array prunes no day of history, a range
-        -- does, as the update starts)
         UPDATE cyclone_steps s SET lease_expiry = now() + p_lease_ttl
          WHERE s.id = ANY (ARRAY(SELECT renewable.id FROM renewable))
-           AND s.id >= (SELECT r.id FROM renewable r ORDER BY r.id LIMIT 1)
-           AND s.id <= (SELECT r.id FROM renewable r ORDER BY r.id DESC LIMIT 1)
+           AND s.id >= span_lo AND s.id < span_hi
         RETURNING s.id
     )
     SELECT h.id, h.gen FROM held h
      WHERE NOT EXISTS (SELECT 1 FROM cyclone_steps s
-                        WHERE s.id = h.id AND s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen
-                       OFFSET 0)
-$$;
+                        WHERE s.id = h.id AND s.id >= span_lo AND s.id < span_hi
+                          AND s.state = (SELECT 'running'::text) AND s.lease_generation = h.gen
+                       OFFSET 0);
+END $$;
 
 -- running -> available (same attempt, no backoff, reclaims + 1; to paused in a paused run),
 -- or, when the step was already reclaimed max_reclaims times, discarded with error_kind
@@ -875,13 +891,14 @@ DECLARE
     c record;
     s cyclone_steps;
     run_state text;
+    live_lo uuid := cyclone__live_floor();
 BEGIN
     FOR c IN
         -- least(...) < now(): the range of cyclone_steps_running (migration 0009) that holds
         -- every expired lease, whatever the attempt deadline.
         SELECT x.id, x.run_id, x.lease_generation AS gen FROM cyclone_steps x
          WHERE x.state = 'running' AND least(x.lease_expiry, x.attempt_deadline) < now()
-           AND x.lease_expiry < now()
+           AND x.lease_expiry < now() AND x.id >= live_lo
          ORDER BY x.run_id, x.id LIMIT p_limit
     LOOP
         SELECT r.state INTO run_state FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;
@@ -942,12 +959,13 @@ RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    live_lo uuid := cyclone__live_floor();
 BEGIN
     FOR c IN
         -- As in cyclone_leases_sweep: the range of cyclone_steps_running, then the deadline.
         SELECT x.id, x.run_id, x.lease_generation AS gen, x.attempt_timeout FROM cyclone_steps x
          WHERE x.state = 'running' AND least(x.lease_expiry, x.attempt_deadline) < now()
-           AND x.attempt_deadline < now()
+           AND x.attempt_deadline < now() AND x.id >= live_lo
          ORDER BY x.run_id, x.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id FOR NO KEY UPDATE SKIP LOCKED;

@@ -104,6 +104,8 @@ DECLARE
     reopened uuid[];
     recancelled integer;
 BEGIN
+    -- Its day first: a run may leave a terminal state below (65_history.sql, settled days).
+    PERFORM cyclone__history_unsettle(p_run_id);
     SELECT * INTO r FROM cyclone_runs WHERE id = p_run_id;
     IF r.state NOT IN ('running', 'paused', 'failed') THEN
         RAISE EXCEPTION 'run % is %: only a running, paused or failed run can be retried', r.id, r.state

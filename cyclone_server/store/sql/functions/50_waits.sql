@@ -36,10 +36,13 @@ RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no live step or run)
 BEGIN
     FOR c IN
+        -- (a child run is made after its parent run: in the parent's day or later)
         SELECT s.id, s.run_id FROM cyclone_steps s JOIN cyclone_runs cr ON cr.id = s.child_run_id
-         WHERE s.state = 'waiting_child' AND cr.state IN ('completed', 'failed', 'cancelled')
+         WHERE s.state = 'waiting_child' AND cr.state IN ('completed', 'failed', 'cancelled') AND s.id >= live_lo
+           AND cr.id >= live_lo
          ORDER BY s.run_id, s.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
@@ -95,12 +98,14 @@ RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no live step or run)
 BEGIN
     FOR c IN
         SELECT s.id, s.run_id FROM cyclone_steps s
-         WHERE s.state = 'pending' AND s.type = 'child'
+         WHERE s.state = 'pending' AND s.type = 'child' AND s.id >= live_lo
            AND NOT EXISTS (SELECT 1 FROM cyclone_step_deps d JOIN cyclone_steps p ON p.id = d.dep_id
-                            WHERE d.step_id = s.id AND p.state <> 'completed')
+                            WHERE d.step_id = s.id AND p.state <> 'completed'
+                              AND d.step_id >= live_lo AND p.id >= live_lo)  -- (the run's day)
          ORDER BY s.run_id, s.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
@@ -119,10 +124,11 @@ RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no live step or run)
 BEGIN
     FOR c IN
         SELECT s.id, s.run_id FROM cyclone_steps s
-         WHERE s.state = 'waiting_timer' AND s.timer_at <= now()
+         WHERE s.state = 'waiting_timer' AND s.timer_at <= now() AND s.id >= live_lo
          ORDER BY s.run_id, s.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
@@ -145,10 +151,12 @@ RETURNS TABLE (step_id uuid, outcome text)
 LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no live step or run)
 BEGIN
     FOR c IN
         SELECT s.id, s.run_id, s.node, s.max_wait FROM cyclone_steps s
          WHERE s.state IN ('waiting_timer', 'waiting_signal', 'waiting_child') AND s.max_wait_at <= now()
+           AND s.id >= live_lo
          ORDER BY s.run_id, s.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.run_id AND r.state = 'running'
@@ -175,10 +183,11 @@ LANGUAGE plpgsql AS $$
 DECLARE
     c record;
     w record;
+    live_lo uuid := cyclone__live_floor();  -- (settled days hold no live run)
 BEGIN
     FOR c IN
         SELECT r.id FROM cyclone_runs r
-         WHERE r.state = 'running' AND r.deadline_at <= now()
+         WHERE r.state = 'running' AND r.deadline_at <= now() AND r.id >= live_lo
          ORDER BY r.id LIMIT p_limit
     LOOP
         PERFORM 1 FROM cyclone_runs r WHERE r.id = c.id AND r.state = 'running' AND r.deadline_at <= now()

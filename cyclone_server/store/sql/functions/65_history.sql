@@ -373,3 +373,94 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
+
+-- Settled days (migration 0015): days that have ended and whose runs are all terminal. No
+-- live step or run is in one, so the statements that look for live work by state (the
+-- claim, flow control's probes, the sweeps) are bounded below by cyclone__live_floor, the
+-- first day not settled: Postgres prunes the days before it when the statement starts, and
+-- opens, locks and reads none of their indexes. A day made ahead, or kept from before
+-- migration 0015, is not settled until a server finds it so (cyclone__history_day_settle).
+-- Only Retry takes a run out of a terminal state; cyclone__run_reopen unsettles its day first.
+
+-- The first id of the first day not settled (the nil uuid when every listed day is settled
+-- or none is listed, which bounds nothing). A live step or run has an id at or after it.
+CREATE OR REPLACE FUNCTION cyclone__live_floor() RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((SELECT d.lo FROM cyclone_history_days d WHERE NOT d.settled ORDER BY d.lo LIMIT 1),
+                    '00000000-0000-0000-0000-000000000000')
+$$;
+
+-- The days that may be settled now: not settled, ended before p_until's day began (UTC).
+CREATE OR REPLACE FUNCTION cyclone__history_days_unsettled(p_until timestamptz)
+RETURNS SETOF uuid LANGUAGE sql STABLE AS $$
+    SELECT d.lo FROM cyclone_history_days d
+     WHERE NOT d.settled AND d.hi <= cyclone__day_uuid(p_until) ORDER BY d.lo
+$$;
+
+-- The advisory lock of one day's settling (cyclone__history_day_settle takes it alone, a
+-- Retry shared: cyclone__history_unsettle).
+CREATE OR REPLACE FUNCTION cyclone__history_day_key(p_lo uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('cyclone.history.settle:' || p_lo::text, 0)
+$$;
+
+-- Settle the day starting at p_lo if every run in it is terminal: true when it is settled
+-- (now, or before); false when a run in it is running or paused, or the day has not ended;
+-- NULL when a lock was not had at once (try again at the next pass). Checked under the day's
+-- advisory lock, alone (a Retry of one of its runs holds it shared, from before it reopens
+-- the run to its commit: cyclone__history_unsettle), and under the SHARE lock of the day's
+-- runs, which waits for every transaction that inserted or changed one of them to end, so a
+-- run made in a transaction still open is seen. That lock conflicts with every claim's and
+-- result's (their generic plans lock every day's partition), so it is waited for at most
+-- p_lock_wait, and held for one index probe. Only a day that has ended is settled: nothing
+-- inserts into it any more (ids carry their creation time).
+CREATE OR REPLACE FUNCTION cyclone__history_day_settle(p_lo uuid, p_lock_wait interval DEFAULT '100 ms')
+RETURNS boolean LANGUAGE plpgsql SET jit = off AS $$
+DECLARE
+    d cyclone_history_days;
+    live boolean;
+    wait text := current_setting('lock_timeout');
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(cyclone__history_day_key(p_lo)) THEN
+        RETURN NULL;  -- a Retry of one of its runs is under way, or another server settles it
+    END IF;
+    SELECT * INTO d FROM cyclone_history_days x WHERE x.lo = p_lo;
+    IF NOT FOUND OR d.settled THEN  -- (not found: dropped)
+        RETURN true;
+    ELSIF d.hi > cyclone__day_uuid(now()) THEN
+        RETURN false;  -- not ended
+    END IF;
+    IF cyclone__history_attached('cyclone_runs_' || d.suffix) THEN  -- (else its runs went with retention)
+        BEGIN
+            PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
+            EXECUTE format('LOCK TABLE ONLY %I IN SHARE MODE', 'cyclone_runs_' || d.suffix);
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', wait, true);
+            RETURN NULL;
+        END;
+        PERFORM set_config('lock_timeout', wait, true);
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
+                       'cyclone_runs_' || d.suffix) INTO live;
+        IF live THEN
+            RETURN false;
+        END IF;
+    END IF;
+    UPDATE cyclone_history_days x SET settled = true WHERE x.lo = d.lo;
+    RETURN true;
+END $$;
+
+-- Before a run leaves a terminal state (cyclone__run_reopen): its day is not settled any
+-- more, so the claim and the sweeps see its steps again. The day's advisory lock, held
+-- shared to the commit, keeps cyclone__history_day_settle from checking the day meanwhile
+-- (it would find the run still terminal); Retries share it, and the day's row is written
+-- only when the day was settled. A settle holds the lock alone for at most its lock wait.
+CREATE OR REPLACE FUNCTION cyclone__history_unsettle(p_run_id uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    day uuid := (SELECT d.lo FROM cyclone_history_days d WHERE d.lo <= p_run_id ORDER BY d.lo DESC LIMIT 1);
+BEGIN
+    IF day IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(day));
+        UPDATE cyclone_history_days d SET settled = false WHERE d.lo = day AND d.settled;
+    END IF;
+END $$;
