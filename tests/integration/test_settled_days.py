@@ -13,6 +13,7 @@ from engine_helpers import (claim_one, db_now, discard, expire_lease, fetch, fet
                             plan_nodes, start, task)
 from test_history import day_of, move_back
 
+from cyclone_server.records import Job
 from cyclone_server.serve.background import Background
 from cyclone_server.store.engine import Engine
 from cyclone_server.store.notify import Notifier
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.statemachine
 
 
 async def settled(conn) -> dict[str, bool]:
-    return {r["suffix"]: r["settled"] for r in await fetch(conn, "SELECT suffix, settled FROM cyclone_history_days")}
+    return {r["suffix"]: r["settled"]
+            for r in await fetch(conn, "SELECT suffix, settled FROM cyclone_history_days ORDER BY lo")}
 
 
 async def floor_day(conn) -> str:
@@ -180,7 +182,7 @@ async def test_the_claim_reads_no_settled_day(engine: Engine, conn) -> None:
 
 
 async def test_a_settle_while_a_retry_reopens_its_run_leaves_the_day_alone(engine: Engine, conn, db_url: str) -> None:
-    """The Retry holds its day's row from before it reopens anything: a settle that comes while
+    """The Retry holds its day's advisory lock (shared) from before it reopens anything: a settle that comes while
     it reopens the steps, before it changes the run (which still looks failed), skips the day.
     The day is not settled yet when the Retry begins, so the Retry has nothing to change in it."""
     await history_from(conn, 3)
@@ -195,10 +197,11 @@ async def test_a_settle_while_a_retry_reopens_its_run_leaves_the_day_alone(engin
     await conn.commit()
     retry = asyncio.create_task(engine.retry(run))
     deadline = asyncio.get_running_loop().time() + 20
-    while not (await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"))["n"]:
+    while not (await fetch_one(conn, "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                                     "AND datname = current_database()"))["n"]:
         assert asyncio.get_running_loop().time() < deadline, "the retry never reached its reopen"
         await asyncio.sleep(0.01)
-    assert await day_settle(db_url, day) is None  # the day's row is the Retry's until it commits
+    assert await day_settle(db_url, day) is None  # the day's lock is the Retry's until it commits
     assert await retry is True
     assert (await settled(conn))[day] is False
     assert str((await claim_one(engine, "f"))["run_id"]) == run
@@ -218,3 +221,21 @@ async def test_the_scanners_find_live_work_beside_settled_days(engine: Engine, c
     assert counts["leases_sweep"] == 1 and counts["deadlines_expire"] == 1
     assert (await fetch_one(conn, "SELECT state FROM cyclone_steps WHERE id = %s", lease["step_id"]))["state"] == "available"
     assert (await fetch_one(conn, "SELECT state FROM cyclone_runs WHERE id = %s", late))["state"] == "failed"
+
+
+@pytest.mark.parametrize("how", ["submit", "enqueue", "enqueue many"])
+async def test_a_run_made_in_a_day_settled_meanwhile_unsettles_it(engine: Engine, conn, how: str) -> None:
+    """A run's id is made before its row reaches its day's table: a transaction that made its
+    ids just before midnight may insert after a settle of that day found it all ended. The
+    insert then finds the day settled, and unsettles it (here: today, as if so settled)."""
+    await history_from(conn, 2)
+    await conn.execute("UPDATE cyclone_history_days SET settled = true WHERE hi <= cyclone__day_uuid(now() + interval '1 day')")
+    await conn.commit()
+    if how == "submit":
+        run = await start(engine, [task("n")], name="n")
+    elif how == "enqueue":
+        run = (await engine.enqueue("n"))[0]
+    else:
+        run = (await engine.enqueue_many([Job("n"), Job("other")]))[0][0]
+    assert (await settled(conn))[await a_day(conn, 0)] is False
+    assert str((await claim_one(engine, "n"))["run_id"]) == run

@@ -594,5 +594,6 @@ BEGIN
         END LOOP;
     END IF;
     SELECT * INTO r FROM cyclone_runs WHERE id = r.id;
+    PERFORM cyclone__history_made();  -- (its day may have been settled since its id was made)
     RETURN r;
 END $$;

@@ -210,6 +210,7 @@ BEGIN
           FROM j LEFT JOIN placed p ON p.i = j.i
          ORDER BY j.i)
     SELECT j.i, j.rid, j.sid FROM j ORDER BY j.i;
+    PERFORM cyclone__history_made();  -- (their day may have been settled since their ids were made)
 END $$;
 
 -- EnqueueMany: standalone jobs in one transaction, in array order, all or none. Each

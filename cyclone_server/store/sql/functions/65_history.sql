@@ -412,8 +412,11 @@ $$;
 -- runs, which waits for every transaction that inserted or changed one of them to end, so a
 -- run made in a transaction still open is seen. That lock conflicts with every claim's and
 -- result's (their generic plans lock every day's partition), so it is waited for at most
--- p_lock_wait, and held for one index probe. Only a day that has ended is settled: nothing
--- inserts into it any more (ids carry their creation time).
+-- p_lock_wait, and held for one index probe; a day with a run seen live is refused before
+-- it. Only a day that has ended is settled. A transaction may still insert into it: one that
+-- made its runs' ids before the day ended (they carry their creation time) and inserts them
+-- after this check; such an insert finds the day settled and unsettles it
+-- (cyclone__history_made).
 CREATE OR REPLACE FUNCTION cyclone__history_day_settle(p_lo uuid, p_lock_wait interval DEFAULT '100 ms')
 RETURNS boolean LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
@@ -431,10 +434,17 @@ BEGIN
         RETURN false;  -- not ended
     END IF;
     IF cyclone__history_attached('cyclone_runs_' || d.suffix) THEN  -- (else its runs went with retention)
+        -- A run seen live now is enough to say no, without the lock (a day that holds a long
+        -- run is looked at on every pass).
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
+                       'cyclone_runs_' || d.suffix) INTO live;
+        IF live THEN
+            RETURN false;
+        END IF;
         BEGIN
-            PERFORM set_config('lock_timeout', (extract(epoch FROM p_lock_wait) * 1000)::bigint::text, true);
+            PERFORM set_config('lock_timeout', greatest((extract(epoch FROM p_lock_wait) * 1000)::bigint, 1)::text, true);
             EXECUTE format('LOCK TABLE ONLY %I IN SHARE MODE', 'cyclone_runs_' || d.suffix);
-        EXCEPTION WHEN lock_not_available THEN
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             PERFORM set_config('lock_timeout', wait, true);
             RETURN NULL;
         END;
@@ -463,4 +473,22 @@ BEGIN
         PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(day));
         UPDATE cyclone_history_days d SET settled = false WHERE d.lo = day AND d.settled;
     END IF;
+END $$;
+
+-- After a transaction inserted runs (cyclone__run_create, cyclone__jobs_create): if a day its
+-- runs may be in is settled (a settle that ran between the making of their ids, from the
+-- transaction's start on, and their insert found it all ended), unsettle it. The insert came
+-- after that settle's commit (its lock waited for the insert's, or the insert for its), so
+-- this statement sees it. Days not settled, as today's always are at once: one probe of a few
+-- rows.
+CREATE OR REPLACE FUNCTION cyclone__history_made() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    day uuid;
+BEGIN
+    FOR day IN SELECT d.lo FROM cyclone_history_days d
+                WHERE d.lo >= cyclone__day_uuid(now()) AND d.settled ORDER BY d.lo LOOP
+        PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(day));
+        UPDATE cyclone_history_days d SET settled = false WHERE d.lo = day AND d.settled;
+    END LOOP;
 END $$;
