@@ -421,6 +421,7 @@ CREATE OR REPLACE FUNCTION cyclone__history_day_settle(p_lo uuid, p_lock_wait in
 RETURNS boolean LANGUAGE plpgsql SET jit = off AS $$
 DECLARE
     d cyclone_history_days;
+    probe text;
     live boolean;
     wait text := current_setting('lock_timeout');
 BEGIN
@@ -434,10 +435,11 @@ BEGIN
         RETURN false;  -- not ended
     END IF;
     IF cyclone__history_attached('cyclone_runs_' || d.suffix) THEN  -- (else its runs went with retention)
+        probe := format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
+                        'cyclone_runs_' || d.suffix);
         -- A run seen live now is enough to say no, without the lock (a day that holds a long
         -- run is looked at on every pass).
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
-                       'cyclone_runs_' || d.suffix) INTO live;
+        EXECUTE probe INTO live;
         IF live THEN
             RETURN false;
         END IF;
@@ -449,8 +451,7 @@ BEGIN
             RETURN NULL;
         END;
         PERFORM set_config('lock_timeout', wait, true);
-        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I r WHERE r.state IN (''running'', ''paused''))',
-                       'cyclone_runs_' || d.suffix) INTO live;
+        EXECUTE probe INTO live;  -- again, now that no transaction writes the day's runs
         IF live THEN
             RETURN false;
         END IF;
@@ -470,9 +471,17 @@ DECLARE
     day uuid := (SELECT d.lo FROM cyclone_history_days d WHERE d.lo <= p_run_id ORDER BY d.lo DESC LIMIT 1);
 BEGIN
     IF day IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(day));
-        UPDATE cyclone_history_days d SET settled = false WHERE d.lo = day AND d.settled;
+        PERFORM cyclone__history_day_unsettle(day);
     END IF;
+END $$;
+
+-- The day starting at p_lo not settled (any more), under its advisory lock, held shared to
+-- the commit (cyclone__history_unsettle, cyclone__history_made).
+CREATE OR REPLACE FUNCTION cyclone__history_day_unsettle(p_lo uuid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(p_lo));
+    UPDATE cyclone_history_days d SET settled = false WHERE d.lo = p_lo AND d.settled;
 END $$;
 
 -- After a transaction inserted runs (cyclone__run_create, cyclone__jobs_create): if a day its
@@ -483,12 +492,7 @@ END $$;
 -- rows.
 CREATE OR REPLACE FUNCTION cyclone__history_made() RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    day uuid;
 BEGIN
-    FOR day IN SELECT d.lo FROM cyclone_history_days d
-                WHERE d.lo >= cyclone__day_uuid(now()) AND d.settled ORDER BY d.lo LOOP
-        PERFORM pg_advisory_xact_lock_shared(cyclone__history_day_key(day));
-        UPDATE cyclone_history_days d SET settled = false WHERE d.lo = day AND d.settled;
-    END LOOP;
+    PERFORM cyclone__history_day_unsettle(d.lo) FROM cyclone_history_days d
+      WHERE d.lo >= cyclone__day_uuid(now()) AND d.settled ORDER BY d.lo;
 END $$;
